@@ -1,0 +1,178 @@
+"""The contract between the Trainer and everything that knows about devices and processes.
+
+The Trainer owns the loop; a `Strategy` owns where the loop runs. The Trainer calls only
+the members below and never asks which strategy it holds (a needed branch becomes a method
+here with a sensible default). Call order inside `Trainer.fit`::
+
+    strategy.configure(accelerator=..., devices=..., num_nodes=...)   # in Trainer.__init__
+    strategy.launch(work, *args)          # parent: start the workers (or run in-process)
+      └ in every worker: strategy.setup_environment(); work(*args)
+          module = strategy.setup_module(module)
+          loader = strategy.process_dataloader(loader)
+          for each batch:
+              with strategy.no_sync() (all but the last micro-batch of an accumulation window):
+                  loss = strategy.training_step(module, batch, batch_idx)
+                  strategy.backward(loss)           # gradients are reduced when it returns
+              optimizer.step()                      # always after the reduction
+          strategy.save_checkpoint(ckpt, path)      # every rank calls; rank 0 writes
+          strategy.teardown()
+
+Collectives (`reduce`, `all_gather`, `broadcast`, `barrier`) must be called by every rank
+in the same order: never inside `if strategy.is_global_zero:`.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from strategies.checkpoint_io import CheckpointIO, TorchCheckpointIO
+
+ReduceOp = Literal["mean", "sum", "max", "min"]
+ACCELERATORS = ("cpu", "cuda", "auto")
+
+
+def resolve_accelerator(accelerator: str) -> str:
+    """Turn "auto" into the concrete device type this machine offers."""
+    if accelerator not in ACCELERATORS:
+        raise ValueError(f"accelerator={accelerator!r} is not supported; expected one of {ACCELERATORS}.")
+    if accelerator == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if accelerator == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("accelerator='cuda' was requested but torch.cuda.is_available() is False; "
+                           "use accelerator='cpu' or 'auto'.")
+    return accelerator
+
+
+class Strategy(abc.ABC):
+    """Where and how a training loop runs: processes, devices, gradient sync and rank-0 I/O.
+
+    Subclasses override `setup_environment` and whatever their distribution scheme changes;
+    the defaults describe one process on one device.
+    """
+
+    def __init__(self, accelerator: str = "auto", checkpoint_io: CheckpointIO | None = None) -> None:
+        self.accelerator = accelerator
+        self.checkpoint_io = checkpoint_io or TorchCheckpointIO()
+        self.devices = 1
+        self.num_nodes = 1
+
+    # ------------------------------------------------------------------ configuration
+    def configure(self, *, accelerator: str | None = None, devices: int = 1, num_nodes: int = 1) -> None:
+        """Receive the world the user asked for from the Trainer (before any launch)."""
+        if accelerator is not None:
+            self.accelerator = accelerator
+        self.accelerator = resolve_accelerator(self.accelerator)
+        self.devices = devices
+        self.num_nodes = num_nodes
+
+    # ------------------------------------------------------------------ ranks
+    @property
+    def global_rank(self) -> int:
+        return 0
+
+    @property
+    def local_rank(self) -> int:
+        return 0
+
+    @property
+    def node_rank(self) -> int:
+        return 0
+
+    @property
+    def world_size(self) -> int:
+        return 1
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self.global_rank == 0
+
+    @property
+    def root_device(self) -> torch.device:
+        if self.accelerator == "cuda":
+            return torch.device("cuda", self.local_rank)
+        return torch.device("cpu")
+
+    # ------------------------------------------------------------------ lifecycle
+    def launch(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run `fn` in every worker after `setup_environment`; return global rank 0's result."""
+        self.setup_environment()
+        return fn(*args, **kwargs)
+
+    @abc.abstractmethod
+    def setup_environment(self) -> None:
+        """Prepare this process: ranks, device, process group. Called once per worker."""
+
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        """Move the module to this rank's device and make it ready for synchronised training."""
+        return module.to(self.root_device)
+
+    def process_dataloader(self, dataloader: DataLoader) -> DataLoader:
+        """Return the loader this rank iterates (a distributed strategy shards it, keeping the
+        user's shuffle setting)."""
+        return dataloader
+
+    def training_step(self, module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        """Run `module.training_step`; a distributed strategy syncs buffers first (like DDP's forward)."""
+        return module.training_step(*args, **kwargs)
+
+    def teardown(self) -> None:
+        """Release what `setup_environment`/`setup_module` acquired. Safe to call twice."""
+
+    # ------------------------------------------------------------------ gradients
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backpropagate; when this returns, gradients are synchronised (unless in `no_sync`)."""
+        loss.backward()
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Skip gradient synchronisation for backward passes inside (gradient accumulation)."""
+        yield
+
+    def unwrap(self, module: nn.Module) -> nn.Module:
+        """The user's module, without anything the strategy put around it."""
+        return module
+
+    # ------------------------------------------------------------------ collectives
+    def reduce(self, tensor: torch.Tensor, op: ReduceOp = "mean") -> torch.Tensor:
+        """Reduce a tensor over all ranks (returns a new tensor)."""
+        return tensor
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Gather a tensor from all ranks into a new leading dimension of size world_size."""
+        return tensor.unsqueeze(0)
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """Return rank `src`'s `obj` on every rank (any picklable object)."""
+        return obj
+
+    def barrier(self, name: str | None = None) -> None:
+        """Wait until every rank reaches this point."""
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> None:
+        """Every rank calls; global rank 0 writes atomically; everyone waits for the write."""
+        if self.is_global_zero:
+            self.checkpoint_io.save(checkpoint, path)
+        self.barrier("save_checkpoint")
+
+    def load_checkpoint(self, path: str | os.PathLike[str]) -> dict[str, Any]:
+        """Every rank reads the file itself (weights only; never executes pickled code)."""
+        return self.checkpoint_io.load(path, map_location=self.root_device)
+
+    def remove_checkpoint(self, path: str | os.PathLike[str]) -> None:
+        if self.is_global_zero:
+            self.checkpoint_io.remove(path)
+        self.barrier("remove_checkpoint")
+
+    # ------------------------------------------------------------------ reporting
+    def summary(self) -> dict[str, Any]:
+        """Facts worth logging about the strategy (bucket plan, overlap, ...)."""
+        return {"strategy": type(self).__name__, "world_size": self.world_size}

@@ -1,0 +1,89 @@
+"""Reading and writing checkpoint files: atomic on write, code-free on read."""
+
+from __future__ import annotations
+
+import abc
+import os
+import pickle
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file is missing, truncated, foreign or unsafe; the message names the file."""
+
+
+class CheckpointIO(abc.ABC):
+    """How a checkpoint dict becomes a file and back. Strategies call it on the right ranks."""
+
+    @abc.abstractmethod
+    def save(self, checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> None: ...
+
+    @abc.abstractmethod
+    def load(self, path: str | os.PathLike[str], map_location: Any = None) -> dict[str, Any]: ...
+
+    def remove(self, path: str | os.PathLike[str]) -> None:
+        Path(path).unlink(missing_ok=True)
+
+
+class TorchCheckpointIO(CheckpointIO):
+    """`torch.save` to a temp file in the target directory, fsync, then `os.replace`.
+
+    A reader therefore sees the old file or the new one, never half of one, even if the
+    writer is killed mid-save. Loading uses `weights_only=True` so a crafted pickle cannot
+    run code.
+    """
+
+    def save(self, checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> None:
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                torch.save(checkpoint, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp_name, target)
+            _fsync_directory(target.parent)
+        except BaseException:
+            Path(tmp_name).unlink(missing_ok=True)
+            raise
+
+    def load(self, path: str | os.PathLike[str], map_location: Any = None) -> dict[str, Any]:
+        source = Path(path)
+        if not source.is_file():
+            raise CheckpointError(f"Checkpoint file {str(source)!r} does not exist.")
+        try:
+            checkpoint = torch.load(source, map_location=map_location, weights_only=True)
+        except pickle.UnpicklingError as error:
+            raise CheckpointError(
+                f"Checkpoint {str(source)!r} holds objects that are not plain tensors/containers and "
+                f"was refused (loading never executes pickled code): {error}"
+            ) from error
+        except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError) as error:
+            raise CheckpointError(
+                f"Checkpoint {str(source)!r} is truncated or not a torch checkpoint: {error}"
+            ) from error
+        if not isinstance(checkpoint, dict):
+            raise CheckpointError(
+                f"Checkpoint {str(source)!r} holds a {type(checkpoint).__name__}, expected a dict."
+            )
+        return checkpoint
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make the rename itself durable (POSIX); harmless where directories cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
