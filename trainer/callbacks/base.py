@@ -16,8 +16,9 @@ The exact order of one `Trainer.fit` (tested in tests/unit/trainer/test_hook_ord
               strategy.backward(loss)         # DDP: buckets all-reduced during backward
               on_after_backward
               -- last micro-batch of the accumulation window only: --
-              on_before_optimizer_step(optimizer)   # gradients already averaged across ranks
-              precision.unscale -> clip gradients -> optimizer.step -> scheduler(interval="step")
+              precision.unscale(optimizer)          # gradients already averaged across ranks
+              on_before_optimizer_step(optimizer)
+              clip gradients -> module.optimizer_step -> scheduler(interval="step")
               on_before_zero_grad(optimizer); optimizer.zero_grad()
             on_train_batch_end(outputs, batch, batch_idx)
             [validation when val_check_interval is reached:

@@ -1,0 +1,69 @@
+"""Tiny deterministic modules and data for trainer tests (importable by spawned workers)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from trainer import LightningDataModule, LightningModule
+
+
+def regression_data(n: int = 64, features: int = 4, seed: int = 0) -> TensorDataset:
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, features, generator=generator)
+    w = torch.arange(1, features + 1, dtype=torch.float32)
+    y = (x @ w).unsqueeze(1) + 0.01 * torch.randn(n, 1, generator=generator)
+    return TensorDataset(x, y)
+
+
+class TinyRegressor(LightningModule):
+    """Linear regression; logs train_loss per step and val_loss per epoch."""
+
+    def __init__(self, features: int = 4, lr: float = 0.05, optimizer: str = "sgd") -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.layer = nn.Linear(features, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = nn.functional.mse_loss(self(x), y)
+        self.log("train_loss", loss, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", nn.functional.mse_loss(self(x), y), sync_dist=True)
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("test_loss", nn.functional.mse_loss(self(x), y), sync_dist=True)
+
+    def configure_optimizers(self) -> Any:
+        if self.hparams.optimizer == "adam":
+            return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+
+class RegressionData(LightningDataModule):
+    def __init__(self, n: int = 64, batch_size: int = 8, shuffle: bool = False) -> None:
+        super().__init__()
+        self.n, self.batch_size, self.shuffle = n, batch_size, shuffle
+
+    def setup(self, stage: str) -> None:
+        self.train_set = regression_data(self.n, seed=0)
+        self.val_set = regression_data(self.n // 2, seed=1)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=self.shuffle)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val_set, batch_size=self.batch_size)
+
+    def test_dataloader(self) -> DataLoader:
+        return DataLoader(self.val_set, batch_size=self.batch_size)

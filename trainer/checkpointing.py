@@ -1,0 +1,96 @@
+"""What a checkpoint holds and how it is put back. Writing and reading is the strategy's job."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from strategies.checkpoint_io import CheckpointError
+from trainer.hparams import plain_hparams
+from trainer.seed import restore_rng_states, rng_states
+
+FORMAT = "ddp-trainer"
+FORMAT_VERSION = 1
+
+
+def build_checkpoint(trainer: Any, module: Any, weights_only: bool = False) -> dict[str, Any]:
+    """Everything needed to resume exactly: weights, optimizer and scheduler state, the loss
+    scaler, loop position, callback state, RNG state and hyperparameters."""
+    loop = trainer.loop_state
+    checkpoint: dict[str, Any] = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "epoch": loop.current_epoch,
+        "global_step": loop.global_step,
+        "loops": loop.state_dict(),
+        "state_dict": module.state_dict(),
+        "hyper_parameters": plain_hparams(getattr(module, "hparams", None)),
+    }
+    if not weights_only:
+        checkpoint.update(
+            optimizer_states=[optimizer.state_dict() for optimizer in trainer.optimizers],
+            lr_schedulers=[config.scheduler.state_dict() for config in trainer.lr_scheduler_configs],
+            precision=trainer.precision_plugin.state_dict(),
+            callbacks=trainer.callback_list.state_dict(),
+            metrics=trainer.metric_store.state_dict(),
+            rng_states=rng_states(),
+        )
+        datamodule = trainer.datamodule
+        if datamodule is not None and hasattr(datamodule, "state_dict"):
+            checkpoint["datamodule"] = datamodule.state_dict()
+    trainer.callback_list.call("on_save_checkpoint", trainer, module, checkpoint)
+    return checkpoint
+
+
+def check_checkpoint(checkpoint: dict[str, Any], path: str) -> None:
+    """A checkpoint of another framework or format fails here with the file's name."""
+    if "state_dict" not in checkpoint:
+        raise CheckpointError(f"{path!r} is not a ddp-trainer checkpoint: it has no 'state_dict' "
+                              f"(keys: {sorted(checkpoint)[:10]}).")
+    version = checkpoint.get("format_version", FORMAT_VERSION)
+    if version > FORMAT_VERSION:
+        raise CheckpointError(f"{path!r} was written by a newer ddp-trainer (format {version} > {FORMAT_VERSION}).")
+
+
+def restore_module(module: Any, checkpoint: dict[str, Any], path: str) -> None:
+    try:
+        module.load_state_dict(checkpoint["state_dict"])
+    except RuntimeError as error:
+        raise CheckpointError(f"{path!r} does not fit {type(module).__name__}: {error}") from error
+
+
+def restore_training_state(trainer: Any, module: Any, checkpoint: dict[str, Any], path: str) -> None:
+    """Optimizers, schedulers, scaler, loop position, callbacks, RNG: everything but weights."""
+    trainer.callback_list.call("on_load_checkpoint", trainer, module, checkpoint)
+    optimizer_states = checkpoint.get("optimizer_states")
+    if optimizer_states is None:
+        raise CheckpointError(f"{path!r} holds weights only (save_weights_only=True); it cannot resume training. "
+                              "Load it with LightningModule.load_from_checkpoint instead.")
+    if len(optimizer_states) != len(trainer.optimizers):
+        raise CheckpointError(f"{path!r} holds {len(optimizer_states)} optimizer state(s) but "
+                              f"configure_optimizers() returned {len(trainer.optimizers)}.")
+    for optimizer, state in zip(trainer.optimizers, optimizer_states):
+        optimizer.load_state_dict(state)
+    for config, state in zip(trainer.lr_scheduler_configs, checkpoint.get("lr_schedulers", [])):
+        config.scheduler.load_state_dict(state)
+    trainer.precision_plugin.load_state_dict(checkpoint.get("precision", {}))
+    trainer.callback_list.load_state_dict(checkpoint.get("callbacks", {}))
+    trainer.metric_store.load_state_dict(checkpoint.get("metrics", {}))
+    trainer.loop_state.load_state_dict(checkpoint.get("loops", {}))
+    if trainer.datamodule is not None and "datamodule" in checkpoint and hasattr(trainer.datamodule, "load_state_dict"):
+        trainer.datamodule.load_state_dict(checkpoint["datamodule"])
+    if "rng_states" in checkpoint:
+        restore_rng_states(checkpoint["rng_states"])
+
+
+def resolve_ckpt_path(ckpt_path: str | None, checkpoint_dirs: list[str]) -> str | None:
+    """`"last"` -> the newest `*.ckpt` among the checkpoint directories (None if there is none)."""
+    if ckpt_path is None or ckpt_path != "last":
+        if ckpt_path is not None and not Path(ckpt_path).is_file():
+            raise CheckpointError(f"ckpt_path={ckpt_path!r} does not exist.")
+        return ckpt_path
+    candidates = [p for d in checkpoint_dirs if Path(d).is_dir() for p in Path(d).glob("*.ckpt")]
+    if not candidates:
+        return None
+    last = [p for p in candidates if p.name.startswith("last")]
+    return str(max(last or candidates, key=lambda p: p.stat().st_mtime))

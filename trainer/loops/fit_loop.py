@@ -1,0 +1,113 @@
+"""Epochs and batches, when to validate, when to stop. Reads top to bottom:
+
+    on_train_start
+    for epoch in epochs:
+        sampler.set_epoch(epoch); on_train_epoch_start
+        for batch in the epoch's batches:
+            on_train_batch_start -> run_training_batch -> on_train_batch_end -> log
+            validate if val_check_interval says so; stop if max_steps or should_stop
+        epoch metrics; on_train_epoch_end; epoch schedulers
+    on_train_end
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from trainer.loops.batches import iterate_limited, num_batches
+from trainer.loops.evaluation import has_step, run_evaluation
+from trainer.loops.training_step import run_training_batch, step_schedulers
+
+
+def run_fit(trainer: Any, module: nn.Module, train_loader: Any, val_loaders: list[Any]) -> None:
+    state, callbacks = trainer.loop_state, trainer.callback_list
+    trainer.num_training_batches = num_batches(trainer, train_loader, "train")
+    trainer.num_val_batches = [num_batches(trainer, loader, "validate") for loader in val_loaders]
+    if trainer.num_training_batches == 0:
+        raise ValueError("The training dataloader yields no batches (empty dataset, or limit_train_batches=0, "
+                         "or drop_last with fewer samples than batch_size per rank).")
+    _advance_past_finished_epoch(trainer)
+    module.train()
+    callbacks.call("on_train_start", trainer, module)
+    while not _fit_done(trainer):
+        _run_epoch(trainer, module, train_loader, val_loaders)
+        state.current_epoch += 1
+        state.batch_in_epoch = 0
+    callbacks.call("on_train_end", trainer, module)
+
+
+def _run_epoch(trainer: Any, module: nn.Module, train_loader: Any, val_loaders: list[Any]) -> None:
+    state, callbacks, store = trainer.loop_state, trainer.callback_list, trainer.metric_store
+    _set_sampler_epoch(train_loader, state.current_epoch)
+    store.reset_stage("train")
+    callbacks.call("on_train_epoch_start", trainer, module)
+    total = trainer.num_training_batches
+    for batch_idx, batch in iterate_limited(trainer, train_loader, "train", skip=state.batch_in_epoch):
+        if callbacks.call("on_train_batch_start", trainer, module, batch, batch_idx) == -1:
+            break  # Lightning: returning -1 ends the epoch early
+        window_end = (batch_idx + 1) % trainer.accumulate_grad_batches == 0 or batch_idx + 1 == total
+        output = run_training_batch(trainer, module, batch, batch_idx, window_end)
+        state.batch_in_epoch = batch_idx + 1
+        callbacks.call("on_train_batch_end", trainer, module, output, batch, batch_idx)
+        _log_step(trainer)
+        if _should_validate(trainer, batch_idx, val_loaders, module):
+            run_evaluation(trainer, module, val_loaders, "validate")
+        if _max_steps_reached(trainer) or trainer.should_stop:
+            break
+    store.compute_epoch("train")
+    callbacks.call("on_train_epoch_end", trainer, module)
+    store.compute_epoch("train")
+    trainer.write_logger_metrics()
+    step_schedulers(trainer, module, "epoch")
+
+
+def _log_step(trainer: Any) -> None:
+    """Step metrics go to the logger every `log_every_n_steps` optimizer steps."""
+    if trainer.global_step % max(trainer.log_every_n_steps, 1) == 0:
+        trainer.write_logger_metrics()
+    else:
+        trainer.metric_store.pop_logger_metrics()
+
+
+def _should_validate(trainer: Any, batch_idx: int, val_loaders: list[Any], module: nn.Module) -> bool:
+    if not val_loaders or not has_step(module, "validate") or not any(trainer.num_val_batches):
+        return False
+    every_n_epochs = trainer.check_val_every_n_epoch
+    if every_n_epochs is not None and (trainer.current_epoch + 1) % every_n_epochs != 0:
+        return False
+    total = trainer.num_training_batches
+    interval = trainer.val_check_interval
+    every = max(1, int(total * interval)) if isinstance(interval, float) else int(interval)
+    is_last = batch_idx + 1 == total
+    if isinstance(interval, float) and interval == 1.0:
+        return is_last or _max_steps_reached(trainer)
+    return (batch_idx + 1) % every == 0 or (is_last and isinstance(interval, float))
+
+
+def _fit_done(trainer: Any) -> bool:
+    if trainer.should_stop or _max_steps_reached(trainer):
+        return True
+    max_epochs = trainer.max_epochs
+    return max_epochs is not None and max_epochs >= 0 and trainer.current_epoch >= max_epochs
+
+
+def _max_steps_reached(trainer: Any) -> bool:
+    return trainer.max_steps >= 0 and trainer.global_step >= trainer.max_steps
+
+
+def _advance_past_finished_epoch(trainer: Any) -> None:
+    """A checkpoint written at the end of an epoch resumes at the start of the next one."""
+    state = trainer.loop_state
+    if state.batch_in_epoch >= trainer.num_training_batches:
+        state.current_epoch += 1
+        state.batch_in_epoch = 0
+
+
+def _set_sampler_epoch(loader: Any, epoch: int) -> None:
+    """DistributedSampler shuffles by epoch: without this every epoch repeats one order."""
+    for source in (getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None)):
+        for candidate in (source, getattr(source, "sampler", None)):
+            if callable(getattr(candidate, "set_epoch", None)):
+                candidate.set_epoch(epoch)

@@ -1,0 +1,277 @@
+"""LightningModule: Lightning's module API, as plain methods in one class.
+
+The Trainer drives the hooks; the module reaches back only through `self.trainer`'s public
+members. The functions at the bottom (`log`, `optimizers`, `manual_backward`, ...) are
+module-level so the same code serves an unchanged `pytorch_lightning.LightningModule`
+(see trainer/module_adapter.py).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from trainer.hparams import AttributeDict, collect_init_args, plain_hparams
+
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
+
+
+class LightningModule(nn.Module):
+    """Subclass it exactly as in Lightning: `training_step` and `configure_optimizers` are
+    required; every other step and hook is optional."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._trainer: Trainer | None = None
+        self._current_fx_name: str | None = None
+        self._hparams: AttributeDict = AttributeDict()
+        self.automatic_optimization: bool = True
+        self.example_input_array: Any = None
+
+    # ------------------------------------------------------------------ state
+    @property
+    def trainer(self) -> Trainer:
+        if self._trainer is None:
+            raise RuntimeError(f"{type(self).__name__} is not attached to a Trainer; call Trainer.fit(model) first.")
+        return self._trainer
+
+    @trainer.setter
+    def trainer(self, trainer: Trainer | None) -> None:
+        self._trainer = trainer
+
+    @property
+    def device(self) -> torch.device:
+        for tensor in (*self.parameters(), *self.buffers()):
+            return tensor.device
+        return torch.device("cpu")
+
+    @property
+    def global_rank(self) -> int:
+        return self._trainer.global_rank if self._trainer else 0
+
+    @property
+    def local_rank(self) -> int:
+        return self._trainer.local_rank if self._trainer else 0
+
+    @property
+    def current_epoch(self) -> int:
+        return self._trainer.current_epoch if self._trainer else 0
+
+    @property
+    def global_step(self) -> int:
+        return self._trainer.global_step if self._trainer else 0
+
+    @property
+    def logger(self) -> Any:
+        return self._trainer.logger if self._trainer else None
+
+    @property
+    def loggers(self) -> list[Any]:
+        return self._trainer.loggers if self._trainer else []
+
+    @property
+    def hparams(self) -> AttributeDict:
+        return self._hparams
+
+    def save_hyperparameters(self, *args: Any, ignore: list[str] | str | None = None, logger: bool = True) -> None:
+        """Record the caller's `__init__` arguments (or the named ones) in `self.hparams`,
+        so checkpoints can rebuild the module with `load_from_checkpoint`."""
+        frame = inspect.currentframe()
+        caller = frame.f_back if frame is not None else None
+        init_args = collect_init_args(caller) if caller is not None else {}
+        ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
+        if args and all(isinstance(name, str) for name in args):
+            init_args = {name: init_args[name] for name in args if name in init_args}
+        elif args and isinstance(args[0], Mapping):
+            init_args = dict(args[0])
+        self._hparams.update({k: v for k, v in init_args.items() if k not in ignored})
+        self._log_hyperparams = logger
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: str, map_location: Any = None, strict: bool = True,
+                             **hparam_overrides: Any) -> LightningModule:
+        """Rebuild the module from the hyperparameters and weights stored in a checkpoint."""
+        from strategies.checkpoint_io import TorchCheckpointIO
+
+        checkpoint = TorchCheckpointIO().load(checkpoint_path, map_location=map_location)
+        hparams = {**checkpoint.get("hyper_parameters", {}), **hparam_overrides}
+        module = cls(**hparams)
+        module.load_state_dict(checkpoint["state_dict"], strict=strict)
+        return module
+
+    # ------------------------------------------------------------------ steps (override)
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__}.forward is not implemented.")
+
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must implement training_step(batch, batch_idx).")
+
+    def configure_optimizers(self) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must implement configure_optimizers().")
+
+    # validation_step / test_step / predict_step are looked up with getattr: absent means "skip".
+
+    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+        inputs = batch[0] if isinstance(batch, (list, tuple)) else batch
+        return self(inputs)
+
+    def configure_callbacks(self) -> list[Any]:
+        return []
+
+    # ------------------------------------------------------------------ optimisation hooks
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        self.trainer.strategy.backward(loss)
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+        optimizer.step(closure=optimizer_closure)
+
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Any) -> None:
+        optimizer.zero_grad()
+
+    def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
+        if metric is None:
+            scheduler.step()
+        else:
+            scheduler.step(metric)
+
+    def configure_gradient_clipping(self, optimizer: Any, gradient_clip_val: float | None = None,
+                                    gradient_clip_algorithm: str | None = None) -> None:
+        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
+    # ------------------------------------------------------------------ API shared with PL modules
+    def log(self, name: str, value: Any, **kwargs: Any) -> None:
+        log(self, name, value, **kwargs)
+
+    def log_dict(self, dictionary: Mapping[str, Any], **kwargs: Any) -> None:
+        log_dict(self, dictionary, **kwargs)
+
+    def optimizers(self, use_pl_optimizer: bool = True) -> Any:
+        return optimizers(self, use_pl_optimizer)
+
+    def lr_schedulers(self) -> Any:
+        return lr_schedulers(self)
+
+    def manual_backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        manual_backward(self, loss)
+
+    def clip_gradients(self, optimizer: Any, gradient_clip_val: float | None = None,
+                       gradient_clip_algorithm: str | None = None) -> None:
+        clip_gradients(self, optimizer, gradient_clip_val, gradient_clip_algorithm)
+
+    def toggle_optimizer(self, optimizer: Any) -> None:
+        toggle_optimizer(self, optimizer)
+
+    def untoggle_optimizer(self, optimizer: Any) -> None:
+        untoggle_optimizer(self, optimizer)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        if self._trainer is None or self._trainer.is_global_zero:
+            print(*args, **kwargs)
+
+    def freeze(self) -> None:
+        for parameter in self.parameters():
+            parameter.requires_grad = False
+        self.eval()
+
+    def unfreeze(self) -> None:
+        for parameter in self.parameters():
+            parameter.requires_grad = True
+        self.train()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The trainer is not part of the model: never pickle it into spawned workers or files.
+        state = self.__dict__.copy()
+        state["_trainer"] = None
+        return state
+
+
+# ---------------------------------------------------------------------- shared implementations
+_LOG_KEYS = ("prog_bar", "logger", "on_step", "on_epoch", "reduce_fx", "sync_dist", "batch_size",
+             "enable_graph", "sync_dist_group", "add_dataloader_idx", "metric_attribute", "rank_zero_only")
+
+
+def log(module: nn.Module, name: str, value: Any, **kwargs: Any) -> None:
+    """`self.log`: hand the value to the trainer's metric store with the current hook's defaults."""
+    unknown = set(kwargs) - set(_LOG_KEYS)
+    if unknown:
+        raise TypeError(f"self.log() got unexpected arguments {sorted(unknown)}; allowed: {list(_LOG_KEYS)}.")
+    trainer = getattr(module, "_trainer", None)
+    if trainer is None:
+        return  # Lightning also ignores logging outside a Trainer (with a warning).
+    fx = getattr(module, "_current_fx_name", None) or "training_step"
+    trainer.metric_store.log(fx, name, value, **{k: v for k, v in kwargs.items()
+                                                 if k not in ("enable_graph", "sync_dist_group", "add_dataloader_idx",
+                                                              "metric_attribute", "rank_zero_only")})
+
+
+def log_dict(module: nn.Module, dictionary: Mapping[str, Any], **kwargs: Any) -> None:
+    for name, value in dictionary.items():
+        log(module, name, value, **kwargs)
+
+
+def optimizers(module: nn.Module, use_pl_optimizer: bool = True) -> Any:
+    """The optimizers; wrapped (stepping counts into global_step, loss scaling applied) unless
+    `use_pl_optimizer=False`."""
+    trainer = _trainer_of(module)
+    opts = trainer.wrapped_optimizers if use_pl_optimizer else trainer.optimizers
+    return opts[0] if len(opts) == 1 else opts
+
+
+def lr_schedulers(module: nn.Module) -> Any:
+    schedulers = [config.scheduler for config in _trainer_of(module).lr_scheduler_configs]
+    if not schedulers:
+        return None
+    return schedulers[0] if len(schedulers) == 1 else schedulers
+
+
+def manual_backward(module: nn.Module, loss: torch.Tensor) -> None:
+    """Manual optimization's backward: precision scaling and the strategy's gradient sync."""
+    trainer = _trainer_of(module)
+    trainer.strategy.backward(trainer.precision_plugin.scale_loss(loss))
+
+
+def clip_gradients(module: nn.Module, optimizer: Any, gradient_clip_val: float | None = None,
+                   gradient_clip_algorithm: str | None = None) -> None:
+    if gradient_clip_val is None or gradient_clip_val <= 0:
+        return
+    parameters = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    algorithm = gradient_clip_algorithm or "norm"
+    if algorithm == "norm":
+        torch.nn.utils.clip_grad_norm_(parameters, gradient_clip_val)
+    elif algorithm == "value":
+        torch.nn.utils.clip_grad_value_(parameters, gradient_clip_val)
+    else:
+        raise ValueError(f"gradient_clip_algorithm={algorithm!r} is not supported; use 'norm' or 'value'.")
+
+
+def toggle_optimizer(module: nn.Module, optimizer: Any) -> None:
+    """Freeze parameters that belong only to other optimizers (multi-optimizer training)."""
+    own = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    saved = {}
+    for other in _trainer_of(module).optimizers:
+        for group in other.param_groups:
+            for parameter in group["params"]:
+                if id(parameter) not in own:
+                    saved.setdefault(parameter, parameter.requires_grad)
+                    parameter.requires_grad = False
+    module.__dict__["_toggled_requires_grad"] = saved
+
+
+def untoggle_optimizer(module: nn.Module, optimizer: Any) -> None:
+    for parameter, requires_grad in module.__dict__.pop("_toggled_requires_grad", {}).items():
+        parameter.requires_grad = requires_grad
+
+
+def _trainer_of(module: nn.Module) -> Any:
+    trainer = getattr(module, "_trainer", None)
+    if trainer is None:
+        raise RuntimeError(f"{type(module).__name__} is not attached to a Trainer; call Trainer.fit(model) first.")
+    return trainer
+
+
+__all__ = ["LightningModule", "plain_hparams"]

@@ -1,0 +1,76 @@
+"""Attach a module to our Trainer, including an unchanged `pytorch_lightning.LightningModule`.
+
+Lightning's own module routes `self.log`, `self.optimizers()` and `self.manual_backward` into
+its trainer's private connectors. For such a module we bind our implementations of exactly
+those methods on the instance for the duration of a run, and remove them afterwards (so the
+module pickles and behaves as before). Our own `LightningModule` needs none of this.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+from torch import nn
+
+from trainer import module as module_api
+from trainer.module import LightningModule
+
+# Methods of Lightning's module that reach into its trainer's internals; ours replace them.
+_BOUND_API = {
+    "log": module_api.log,
+    "log_dict": module_api.log_dict,
+    "optimizers": module_api.optimizers,
+    "lr_schedulers": module_api.lr_schedulers,
+    "manual_backward": module_api.manual_backward,
+    "clip_gradients": module_api.clip_gradients,
+    "toggle_optimizer": module_api.toggle_optimizer,
+    "untoggle_optimizer": module_api.untoggle_optimizer,
+}
+
+
+def check_module(module: Any) -> None:
+    """Fail early, naming what is missing, if `module` cannot be trained by our Trainer."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"Trainer.fit expects a LightningModule, got {type(module).__name__}.")
+    missing = [name for name in ("training_step", "configure_optimizers") if not callable(getattr(module, name, None))]
+    if missing:
+        raise TypeError(f"{type(module).__name__} cannot be trained: it has no {' or '.join(missing)}(). "
+                        "Subclass trainer.LightningModule and implement them.")
+
+
+def attach(module: nn.Module, trainer: Any) -> None:
+    """Give the module (and nested Lightning modules) a reference to the trainer."""
+    for child in module.modules():
+        if child is module or _looks_like_lightning_module(child):
+            _attach_one(child, trainer)
+
+
+def detach(module: nn.Module) -> None:
+    for child in module.modules():
+        for name in _BOUND_API:
+            child.__dict__.pop(name, None)
+        if "_trainer" in child.__dict__:
+            child.__dict__["_trainer"] = None
+
+
+def _attach_one(module: nn.Module, trainer: Any) -> None:
+    module.__dict__["_trainer"] = trainer
+    module.__dict__.setdefault("_current_fx_name", None)
+    if isinstance(module, LightningModule):
+        return
+    for name, function in _BOUND_API.items():
+        module.__dict__[name] = types.MethodType(function, module)
+
+
+def _looks_like_lightning_module(module: nn.Module) -> bool:
+    return callable(getattr(module, "training_step", None)) and hasattr(module, "_trainer")
+
+
+def set_current_hook(module: nn.Module, fx: str | None) -> None:
+    """Record which hook runs, so `self.log` picks that hook's defaults."""
+    module.__dict__["_current_fx_name"] = fx
+
+
+def automatic_optimization(module: nn.Module) -> bool:
+    return bool(getattr(module, "automatic_optimization", True))

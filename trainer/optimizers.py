@@ -1,0 +1,111 @@
+"""Normalise every `configure_optimizers` return form of Lightning into optimizers + schedulers."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+_SCHEDULER_KEYS = {"scheduler", "interval", "frequency", "monitor", "name", "strict", "reduce_on_plateau"}
+
+
+@dataclass
+class LRSchedulerConfig:
+    """A scheduler and when to step it (Lightning's lr_scheduler dict, as a type)."""
+
+    scheduler: Any
+    interval: str = "epoch"
+    frequency: int = 1
+    monitor: str | None = None
+    name: str | None = None
+    strict: bool = True
+
+    @property
+    def reduce_on_plateau(self) -> bool:
+        return isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+
+def init_optimizers(returned: Any) -> tuple[list[torch.optim.Optimizer], list[LRSchedulerConfig]]:
+    """Accept: an optimizer; a list of optimizers; ([optimizers], [schedulers]); a dict with
+    "optimizer" and optional "lr_scheduler" (scheduler or dict) and "monitor"; a list of dicts;
+    or None (manual optimization without optimizers)."""
+    if returned is None:
+        return [], []
+    if isinstance(returned, torch.optim.Optimizer):
+        return [returned], []
+    if isinstance(returned, Mapping):
+        return _from_dicts([returned])
+    if isinstance(returned, Sequence) and not isinstance(returned, str):
+        items = list(returned)
+        if len(items) == 2 and all(isinstance(x, Sequence) for x in items):
+            optimizers = _check_optimizers(items[0])
+            return optimizers, [_scheduler_config(s, None) for s in items[1]]
+        if items and all(isinstance(x, Mapping) for x in items):
+            return _from_dicts(items)
+        return _check_optimizers(items), []
+    raise TypeError(
+        f"configure_optimizers() returned a {type(returned).__name__}; expected an optimizer, a list of "
+        "optimizers, ([optimizers], [schedulers]), a dict with an 'optimizer' key, or a list of such dicts."
+    )
+
+
+def _from_dicts(dicts: list[Mapping[str, Any]]) -> tuple[list[torch.optim.Optimizer], list[LRSchedulerConfig]]:
+    optimizers, schedulers = [], []
+    for entry in dicts:
+        if "optimizer" not in entry:
+            raise KeyError(f"configure_optimizers() returned a dict without 'optimizer': keys {sorted(entry)}.")
+        optimizers.extend(_check_optimizers([entry["optimizer"]]))
+        if entry.get("lr_scheduler") is not None:
+            schedulers.append(_scheduler_config(entry["lr_scheduler"], entry.get("monitor")))
+    return optimizers, schedulers
+
+
+def _check_optimizers(items: Sequence[Any]) -> list[torch.optim.Optimizer]:
+    for item in items:
+        if not isinstance(item, torch.optim.Optimizer):
+            raise TypeError(f"configure_optimizers() returned {item!r} where a torch.optim.Optimizer was expected.")
+    return list(items)
+
+
+def _scheduler_config(scheduler: Any, monitor: str | None) -> LRSchedulerConfig:
+    if isinstance(scheduler, Mapping):
+        unknown = set(scheduler) - _SCHEDULER_KEYS
+        if unknown:
+            raise KeyError(f"lr_scheduler dict has unknown keys {sorted(unknown)}; allowed: {sorted(_SCHEDULER_KEYS)}.")
+        if "scheduler" not in scheduler:
+            raise KeyError("lr_scheduler dict must contain the key 'scheduler'.")
+        fields = {k: v for k, v in scheduler.items() if k != "reduce_on_plateau"}
+        config = LRSchedulerConfig(**{"monitor": monitor, **fields})
+    else:
+        config = LRSchedulerConfig(scheduler=scheduler, monitor=monitor)
+    if config.interval not in ("epoch", "step"):
+        raise ValueError(f"lr_scheduler interval={config.interval!r}; expected 'epoch' or 'step'.")
+    if config.reduce_on_plateau and config.monitor is None:
+        raise KeyError("ReduceLROnPlateau needs a metric: return {'optimizer': ..., 'lr_scheduler': ..., "
+                       "'monitor': 'val_loss'} from configure_optimizers().")
+    return config
+
+
+class ManualOptimizer:
+    """What `self.optimizers()` returns: `.step()` goes through the precision plugin (loss
+    scaling) and counts into `trainer.global_step`, as Lightning's LightningOptimizer does."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, trainer: Any) -> None:
+        self.optimizer = optimizer
+        self._trainer = trainer
+
+    def step(self, closure: Any = None) -> Any:
+        result = self._trainer.precision_plugin.optimizer_for_step(self.optimizer).step(closure=closure)
+        self._trainer.loop_state.global_step += 1
+        return result
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.optimizer, name)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer, "_trainer": None}

@@ -1,0 +1,108 @@
+"""Numerical precision: autocast, loss scaling and dtype conversion behind one small object."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+PRECISIONS = ("32-true", "64-true", "16-mixed", "bf16-mixed")
+_ALIASES = {"32": "32-true", "64": "64-true", "16": "16-mixed", "bf16": "bf16-mixed"}
+
+
+def normalize_precision(precision: str | int) -> str:
+    """Accept Lightning's names and its short aliases (32, 64, "16", "bf16")."""
+    name = _ALIASES.get(str(precision), str(precision))
+    if name not in PRECISIONS:
+        raise ValueError(f"precision={precision!r} is not supported; expected one of {list(PRECISIONS)}.")
+    return name
+
+
+class Precision:
+    """One precision policy. The loop calls, in order: `convert_module` once, `autocast()` around
+    each forward, `scale_loss` before backward, `unscale` before clipping, `optimizer_for_step`
+    to step (a GradScaler skips steps whose gradients overflowed)."""
+
+    def __init__(self, precision: str | int, device_type: str) -> None:
+        self.name = normalize_precision(precision)
+        self.device_type = device_type
+        self.scaler: torch.amp.GradScaler | None = None
+        if self.name == "16-mixed":
+            self.scaler = torch.amp.GradScaler(device_type)
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        return {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}.get(self.name)
+
+    def convert_module(self, module: nn.Module) -> nn.Module:
+        return module.double() if self.name == "64-true" else module
+
+    def convert_input(self, batch: Any) -> Any:
+        """64-true feeds float64 to a float64 model; other precisions leave inputs alone."""
+        if self.name != "64-true":
+            return batch
+        return _map_tensors(batch, lambda t: t.double() if t.is_floating_point() else t)
+
+    @contextlib.contextmanager
+    def autocast(self) -> Iterator[None]:
+        dtype = self.autocast_dtype
+        if dtype is None:
+            yield
+            return
+        with torch.autocast(self.device_type, dtype=dtype):
+            yield
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        return self.scaler.scale(loss) if self.scaler is not None else loss
+
+    def unscale(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+
+    def optimizer_for_step(self, optimizer: torch.optim.Optimizer) -> Any:
+        """What the module's `optimizer_step` hook calls `.step()` on."""
+        return optimizer if self.scaler is None else _ScaledOptimizer(optimizer, self.scaler)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.scaler.state_dict() if self.scaler is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.scaler is not None and state:
+            self.scaler.load_state_dict(state)
+
+
+class _ScaledOptimizer:
+    """Routes `step()` through the GradScaler so user `optimizer_step` overrides keep working."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> None:
+        self._optimizer = optimizer
+        self._scaler = scaler
+
+    def step(self, closure: Any = None) -> Any:
+        result = closure() if closure is not None else None
+        self._scaler.step(self._optimizer)
+        self._scaler.update()
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._optimizer, name)
+
+
+def _map_tensors(data: Any, fn: Any) -> Any:
+    if isinstance(data, torch.Tensor):
+        return fn(data)
+    if isinstance(data, dict):
+        return {k: _map_tensors(v, fn) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        mapped = [_map_tensors(v, fn) for v in data]
+        return type(data)(mapped) if not hasattr(data, "_fields") else type(data)(*mapped)
+    return data
+
+
+def move_to_device(batch: Any, device: torch.device) -> Any:
+    """Move every tensor in a (nested) batch to `device`."""
+    non_blocking = device.type == "cuda"
+    return _map_tensors(batch, lambda t: t.to(device, non_blocking=non_blocking))

@@ -1,0 +1,62 @@
+"""Seeding: one call makes Python, NumPy and torch reproducible in this and spawned processes."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import torch
+
+SEED_ENV = "PL_GLOBAL_SEED"  # Lightning's name: the sampler and spawned workers read it
+
+
+def seed_everything(seed: int | None = None, workers: bool = False) -> int:
+    """Seed every RNG and export the seed so spawned workers and DistributedSampler share it."""
+    if seed is None:
+        seed = int(os.environ.get(SEED_ENV, 0))
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"seed must be an int, got {seed!r} ({type(seed).__name__}).")
+    if not (0 <= seed < 2**32):
+        raise ValueError(f"seed={seed} is out of range; expected 0 <= seed < 2**32.")
+    os.environ[SEED_ENV] = str(seed)
+    os.environ["PL_SEED_WORKERS"] = str(int(workers))
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    return seed
+
+
+def rng_states() -> dict[str, object]:
+    """Every RNG state of this process, in checkpoint-safe (weights_only) form."""
+    states: dict[str, object] = {
+        "torch": torch.get_rng_state(),
+        "python": _python_state_to_tensor(random.getstate()),
+        "numpy": torch.from_numpy(np.random.get_state()[1].astype(np.int64)),
+        "numpy_pos": int(np.random.get_state()[2]),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def restore_rng_states(states: dict[str, object]) -> None:
+    if "torch" in states:
+        torch.set_rng_state(states["torch"])  # type: ignore[arg-type]
+    if "python" in states:
+        random.setstate(_python_state_from_tensor(states["python"]))  # type: ignore[arg-type]
+    if "numpy" in states:
+        keys = states["numpy"].numpy().astype(np.uint32)  # type: ignore[attr-defined]
+        np.random.set_state(("MT19937", keys, int(states.get("numpy_pos", 0)), 0, 0.0))  # type: ignore[arg-type]
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])  # type: ignore[arg-type]
+
+
+def _python_state_to_tensor(state: tuple) -> torch.Tensor:
+    version, internal, _gauss = state
+    return torch.tensor([version, *internal], dtype=torch.int64)
+
+
+def _python_state_from_tensor(tensor: torch.Tensor) -> tuple:
+    values = [int(v) for v in tensor.tolist()]
+    return (values[0], tuple(values[1:]), None)
