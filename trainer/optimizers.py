@@ -93,8 +93,12 @@ class ManualOptimizer:
     scaling) and counts into `trainer.global_step`, as Lightning's LightningOptimizer does."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, trainer: Any) -> None:
-        self.optimizer = optimizer
-        self._trainer = trainer
+        # Present as a subclass of the wrapped optimizer's class so `isinstance(opt, SGD)` and
+        # `isinstance(opt, Optimizer)` hold in user code; state lives on the wrapped object.
+        self.__dict__["optimizer"] = optimizer
+        self.__dict__["_trainer"] = trainer
+        object.__setattr__(self, "__class__",
+                           type(f"Manual{type(optimizer).__name__}", (ManualOptimizer, type(optimizer)), {}))
 
     def step(self, closure: Any = None) -> Any:
         result = self._trainer.precision_plugin.optimizer_for_step(self.optimizer).step(closure=closure)
@@ -105,7 +109,10 @@ class ManualOptimizer:
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.optimizer, name)
+        return getattr(self.__dict__["optimizer"], name)
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer, "_trainer": None}
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.__dict__["optimizer"], name, value)
+
+    def __reduce__(self) -> Any:
+        return (ManualOptimizer, (self.__dict__["optimizer"], None))

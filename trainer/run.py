@@ -106,7 +106,7 @@ def _evaluate(trainer: Any, module: nn.Module, stage: str, data: dict[str, Any])
     trainer.num_val_batches = [len(loader) for loader in loaders if hasattr(loader, "__len__")]
     results = run_evaluation(trainer, module, loaders, stage)
     _finalize_loggers(trainer, "success")
-    if results and trainer.is_global_zero and stage == "test":
+    if results and results[0] and trainer.is_global_zero and stage == "test":
         trainer.print(f"{stage} results: " + ", ".join(f"{k}={v:.4f}" for k, v in results[0].items()))
     return results
 
