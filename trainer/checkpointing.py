@@ -89,8 +89,7 @@ def resolve_ckpt_path(ckpt_path: str | None, checkpoint_dirs: list[str]) -> str 
         if ckpt_path is not None and not Path(ckpt_path).is_file():
             raise CheckpointError(f"ckpt_path={ckpt_path!r} does not exist.")
         return ckpt_path
-    candidates = [p for d in checkpoint_dirs if Path(d).is_dir() for p in Path(d).glob("*.ckpt")]
-    if not candidates:
-        return None
-    last = [p for p in candidates if p.name.startswith("last")]
-    return str(max(last or candidates, key=lambda p: p.stat().st_mtime))
+    from trainer.callbacks.model_checkpoint import resolve_last_checkpoint
+
+    newest = [found for found in map(resolve_last_checkpoint, checkpoint_dirs) if found is not None]
+    return max(newest, key=lambda path: Path(path).stat().st_mtime_ns) if newest else None

@@ -18,6 +18,7 @@ from trainer import checkpointing
 from trainer.loops.evaluation import has_step, run_evaluation, run_predict
 from trainer.loops.fit_loop import run_fit
 from trainer.module_adapter import attach, automatic_optimization, check_module, detach
+from trainer.callbacks.dispatch import checkpoints_last
 from trainer.optimizers import ManualOptimizer, init_optimizers
 
 _STAGE_NAMES = {"fit": "fit", "validate": "validate", "test": "test", "predict": "predict"}
@@ -38,7 +39,8 @@ def run_stage(trainer: Any, stage: str, model: nn.Module, data: dict[str, Any]) 
     if trainer.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
     extra = model.configure_callbacks() if callable(getattr(model, "configure_callbacks", None)) else []
-    trainer.callback_list.callbacks.extend(c for c in extra or [] if c not in trainer.callback_list.callbacks)
+    callbacks = trainer.callback_list.callbacks
+    callbacks[:] = checkpoints_last(callbacks + [c for c in extra or [] if c not in callbacks])
     try:
         output = _run(trainer, stage, model, data)
     except BaseException as error:

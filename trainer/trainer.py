@@ -17,7 +17,7 @@ from torch import nn
 
 from strategies import Strategy, resolve_strategy
 from trainer.callbacks.base import Callback
-from trainer.callbacks.dispatch import CallbackList
+from trainer.callbacks.dispatch import CallbackList, checkpoints_last
 from trainer.checkpointing import build_checkpoint
 from trainer.logged_metrics import MetricStore
 from trainer.loggers.base import Logger
@@ -144,7 +144,7 @@ class Trainer:
 
             if not any(isinstance(c, TQDMProgressBar) for c in result):
                 result.append(TQDMProgressBar())
-        return result
+        return checkpoints_last(result)
 
     # ------------------------------------------------------------------ entry points
     def fit(self, model: nn.Module, train_dataloaders: Any = None, val_dataloaders: Any = None,

@@ -52,3 +52,10 @@ class CallbackList:
 
     def of_type(self, kind: type) -> list[Any]:
         return [callback for callback in self.callbacks if isinstance(callback, kind)]
+
+
+def checkpoints_last(callbacks: Sequence[Callback]) -> list[Callback]:
+    """Checkpoint-saving callbacks run after every other callback (as in Lightning), so a
+    checkpoint holds the state other callbacks (EarlyStopping, say) reached in the same hook."""
+    savers = [c for c in callbacks if hasattr(c, "best_model_path")]
+    return [c for c in callbacks if c not in savers] + savers

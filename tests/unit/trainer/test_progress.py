@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers.fake_trainer import BroadcastChannel, FakeTrainer, RecordingLogger
+from trainer.callbacks import TQDMProgressBar
+
+
+def test_rank_zero_draws_train_and_validation_bars(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bar = TQDMProgressBar()
+    trainer = FakeTrainer(tmp_path, callbacks=[bar], loggers=[RecordingLogger()], num_training_batches=3)
+    trainer.progress_bar_metrics = {"acc": torch.tensor(0.5)}
+    trainer.fit(2, val_metrics=lambda epoch: {"val_loss": 1.0},
+                train_metrics=lambda step: {"train_loss": 1.0 / step})
+    out = capsys.readouterr().out
+    assert bar.is_enabled
+    assert "Epoch 0" in out and "Epoch 1" in out and "Validation" in out
+    assert "3/3" in out and "it/s" in out
+    assert "train_loss=0.167" in out and "acc=0.5" in out and "v_num=0" in out
+    assert bar.train_progress_bar is None and bar.eval_progress_bar is None  # closed at train end
+
+
+def test_other_ranks_draw_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bar = TQDMProgressBar()
+    trainer = FakeTrainer(tmp_path, global_rank=1, world_size=2, channel=BroadcastChannel(), callbacks=[bar])
+    trainer.fit(1, val_metrics=lambda epoch: {"val_loss": 1.0})
+    captured = capsys.readouterr()
+    assert not bar.is_enabled and captured.out == "" and captured.err == ""
+
+
+def test_refresh_rate_zero_and_disable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    silent = TQDMProgressBar(refresh_rate=0)
+    disabled = TQDMProgressBar()
+    disabled.disable()
+    for bar in (silent, disabled):
+        FakeTrainer(tmp_path, callbacks=[bar]).fit(1, val_metrics=lambda epoch: {"val_loss": 1.0})
+        assert bar.is_disabled
+    assert capsys.readouterr().out == ""
+    with pytest.raises(ValueError, match="refresh_rate=-1"):
+        TQDMProgressBar(refresh_rate=-1)
+
+
+def test_print_writes_above_an_active_bar(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bar = TQDMProgressBar()
+    bar.print("before", 1)
+    trainer = FakeTrainer(tmp_path, callbacks=[bar])
+    trainer.call("setup", "fit")
+    trainer.call("on_train_epoch_start")
+    bar.print("during", 2, sep="-")
+    trainer.call("on_train_end")
+    out = capsys.readouterr().out
+    assert "before 1\n" in out and "during-2\n" in out
+
+
+def test_leave_keeps_one_bar_per_epoch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bar = TQDMProgressBar(leave=True, refresh_rate=2)
+    FakeTrainer(tmp_path, callbacks=[bar], num_training_batches=3, num_val_batches=[]).fit(2)
+    out = capsys.readouterr().out
+    assert out.count("3/3") >= 2 and "Epoch 1" in out

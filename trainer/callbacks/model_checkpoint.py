@@ -1,0 +1,317 @@
+"""ModelCheckpoint: Lightning's checkpoint callback (when to save, which files to keep).
+
+Every rank runs the same hooks. Whatever depends on metrics or on the file system (is this
+score in the top k? which file falls out? is the name taken?) is decided on global rank 0 and
+broadcast as one plan, so every rank then takes the same collective path, in the same order:
+`trainer.save_checkpoint` and `trainer.strategy.remove_checkpoint` (principle 14).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import warnings
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from typing_extensions import override
+
+from trainer.callbacks.base import Callback
+
+_WORSE = {"min": math.inf, "max": -math.inf}
+
+
+def resolve_last_checkpoint(dirpath: str | os.PathLike[str] | None) -> str | None:
+    """The file `fit(ckpt_path="last")` resumes from: the newest `*.ckpt` in `dirpath` by
+    modification time (a `last*.ckpt` wins a tie: it is written right after the top-k file),
+    or None when there is none."""
+    if dirpath is None or not os.path.isdir(dirpath):
+        return None
+    files = [path for path in Path(dirpath).glob("*.ckpt") if path.is_file()]
+    if not files:
+        return None
+    last = ModelCheckpoint.CHECKPOINT_NAME_LAST
+    return str(max(files, key=lambda path: (path.stat().st_mtime_ns, path.name.startswith(last))))
+
+
+def run_on_train_epoch_end(trainer: Any, explicit: bool | None) -> bool:
+    """Lightning's rule for epoch-level work (saving, early-stopping checks): at train epoch end
+    when there is no validation or it runs exactly once at each epoch's end (then both train and
+    validation epoch metrics exist), otherwise right after each validation."""
+    if explicit is not None:
+        return explicit
+    if trainer.check_val_every_n_epoch != 1:
+        return False
+    if sum(trainer.num_val_batches or [0]) == 0:
+        return True
+    return trainer.val_check_interval == 1.0
+
+
+def _plain(value: Any) -> Any:
+    return value.item() if isinstance(value, torch.Tensor) and value.numel() == 1 else value
+
+
+class ModelCheckpoint(Callback):
+    """Save checkpoints periodically and keep the `save_top_k` best by `monitor`: Lightning's
+    callback with its arguments, file names (`epoch=3-step=120-val_acc=0.970.ckpt`, `last.ckpt`,
+    `-v1` on clashes) and resumable state."""
+
+    CHECKPOINT_JOIN_CHAR = "-"
+    CHECKPOINT_EQUALS_CHAR = "="
+    CHECKPOINT_NAME_LAST = "last"
+    FILE_EXTENSION = ".ckpt"
+    STARTING_VERSION = 1
+
+    def __init__(self, dirpath: str | os.PathLike[str] | None = None, filename: str | None = None,
+                 monitor: str | None = None, verbose: bool = False, save_last: bool | None = None,
+                 save_top_k: int = 1, save_weights_only: bool = False, mode: Literal["min", "max"] = "min",
+                 auto_insert_metric_name: bool = True, every_n_train_steps: int | None = None,
+                 every_n_epochs: int | None = None, save_on_train_epoch_end: bool | None = None,
+                 enable_version_counter: bool = True) -> None:
+        _validate(monitor, mode, save_top_k, save_last, every_n_train_steps, every_n_epochs)
+        self.dirpath = os.path.realpath(os.path.expanduser(dirpath)) if dirpath is not None else None
+        self.filename, self.monitor, self.mode, self.verbose = filename, monitor, mode, verbose
+        self.save_last, self.save_top_k, self.save_weights_only = save_last, save_top_k, save_weights_only
+        self.auto_insert_metric_name = auto_insert_metric_name
+        self._save_on_train_epoch_end = save_on_train_epoch_end
+        self._enable_version_counter = enable_version_counter
+        # Lightning's default when no trigger is given: once per epoch (after validation).
+        no_trigger = every_n_train_steps is None and every_n_epochs is None
+        self._every_n_train_steps = every_n_train_steps or 0
+        self._every_n_epochs = 1 if no_trigger else (every_n_epochs or 0)
+        self.best_k_models: dict[str, torch.Tensor] = {}
+        self.kth_best_model_path = ""
+        self.kth_value = torch.tensor(_WORSE[mode])
+        self.best_model_score: torch.Tensor | None = None
+        self.best_model_path = ""
+        self.last_model_path = ""
+        self.current_score: torch.Tensor | None = None
+        self._last_global_step_saved = 0  # like Lightning: nothing is saved before the first step
+        self._fitting = False
+        self._validation_ran = False
+
+    @property
+    @override
+    def state_key(self) -> str:
+        settings = {"monitor": self.monitor, "mode": self.mode, "every_n_train_steps": self._every_n_train_steps,
+                    "every_n_epochs": self._every_n_epochs, "train_time_interval": None}
+        return f"{type(self).__qualname__}{settings!r}"
+
+    # ------------------------------------------------------------------ hooks
+    @override
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._fitting = stage == "fit"
+        self.dirpath = trainer.strategy.broadcast(self._resolve_dirpath(trainer))
+
+    @override
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._fitting = False
+
+    @override
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        every = self._every_n_train_steps
+        if every >= 1 and trainer.global_step % every == 0 and not self._skip(trainer):
+            # Before the first validation a validation metric cannot exist yet: warn, don't fail.
+            self._save(trainer, top_k=True, missing_ok=not self._validation_ran)
+
+    @override
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        if run_on_train_epoch_end(trainer, self._save_on_train_epoch_end) and not self._skip(trainer):
+            self._save(trainer, top_k=self._epoch_due(trainer))
+
+    @override
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        self._validation_ran = True
+        if not run_on_train_epoch_end(trainer, self._save_on_train_epoch_end) and not self._skip(trainer):
+            self._save(trainer, top_k=self._epoch_due(trainer))
+
+    # ------------------------------------------------------------------ state
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"monitor": self.monitor, "best_model_score": self.best_model_score,
+                "best_model_path": self.best_model_path, "current_score": self.current_score,
+                "dirpath": self.dirpath, "best_k_models": dict(self.best_k_models),
+                "kth_best_model_path": self.kth_best_model_path, "kth_value": self.kth_value,
+                "last_model_path": self.last_model_path}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        saved_dir = state_dict.get("dirpath", self.dirpath)
+        if self.dirpath is None:  # not set up in this process (the launcher adopting a worker's state)
+            self.dirpath = saved_dir
+        if saved_dir == self.dirpath:
+            for key in ("best_model_score", "current_score", "kth_best_model_path", "kth_value", "last_model_path"):
+                setattr(self, key, state_dict.get(key, getattr(self, key)))
+            self.best_k_models = dict(state_dict.get("best_k_models", self.best_k_models))
+        else:
+            warnings.warn(f"ModelCheckpoint dirpath changed from {saved_dir!r} to {self.dirpath!r}: only "
+                          "best_model_path is restored; top-k tracking starts afresh in the new directory.")
+        self.best_model_path = state_dict["best_model_path"]
+
+    # ------------------------------------------------------------------ names
+    def format_checkpoint_name(self, metrics: dict[str, Any], filename: str | None = None,
+                               ver: int | None = None) -> str:
+        """The path for `metrics` (`{epoch}`, `{step}` and logged keys, with format specs)."""
+        name = self._format_checkpoint_name(filename or self.filename, metrics, self.auto_insert_metric_name)
+        if ver is not None:
+            name = self.CHECKPOINT_JOIN_CHAR.join((name, f"v{ver}"))
+        name += self.FILE_EXTENSION
+        return os.path.join(self.dirpath, name) if self.dirpath else name
+
+    @classmethod
+    def _format_checkpoint_name(cls, filename: str | None, metrics: dict[str, Any],
+                                auto_insert_metric_name: bool = True) -> str:
+        filename = filename or "{epoch}" + cls.CHECKPOINT_JOIN_CHAR + "{step}"
+        values = {key: _plain(value) for key, value in metrics.items()}
+        # Longest first, so "{epoch_test" is rewritten before "{epoch" could match inside it.
+        for group in sorted(re.findall(r"(\{.*?)[:\}]", filename), key=len, reverse=True):
+            name = group[1:]
+            if auto_insert_metric_name:
+                filename = filename.replace(group, name + cls.CHECKPOINT_EQUALS_CHAR + "{" + name)
+            filename = filename.replace(group, f"{{0[{name}]")  # index form: keys may hold dots
+            values.setdefault(name, 0)
+        return filename.format(values)
+
+    # ------------------------------------------------------------------ saving
+    def _skip(self, trainer: Any) -> bool:
+        return (not self._fitting or bool(trainer.fast_dev_run) or trainer.sanity_checking
+                or self._last_global_step_saved == trainer.global_step)
+
+    def _epoch_due(self, trainer: Any) -> bool:
+        return self._every_n_epochs >= 1 and (trainer.current_epoch + 1) % self._every_n_epochs == 0
+
+    def _save(self, trainer: Any, top_k: bool, missing_ok: bool = False) -> None:
+        """One save event: rank 0 plans, every rank applies that plan and runs its collectives."""
+        if not (top_k and self.save_top_k != 0) and not self.save_last:
+            return  # decided from settings alone, so every rank skips the broadcast together
+        plan = self._plan(trainer, top_k, missing_ok) if trainer.is_global_zero else None
+        plan = trainer.strategy.broadcast(plan)
+        if plan.get("error"):
+            raise KeyError(plan["error"])
+        if not trainer.is_global_zero:
+            self.load_state_dict(plan["state"])
+        for path in plan["save"]:
+            trainer.save_checkpoint(path, self.save_weights_only)
+            self._last_global_step_saved = trainer.global_step
+        for path in plan["remove"]:
+            trainer.strategy.remove_checkpoint(path)
+        if self.verbose and plan["message"]:
+            trainer.print(plan["message"])
+
+    def _plan(self, trainer: Any, top_k: bool, missing_ok: bool) -> dict[str, Any]:
+        """Rank 0 only: update the bookkeeping and list the files to write and to delete."""
+        metrics = self._monitor_candidates(trainer)
+        save: list[str] = []
+        remove: list[str] = []
+        message = None
+        if top_k and self.save_top_k != 0:
+            if self.monitor is None:  # save_top_k is 1 (replace the previous file) or -1 (keep all)
+                previous, self.best_model_path = self.best_model_path, self._free_path(
+                    metrics, None, self.best_model_path)
+                save.append(self.best_model_path)
+                if self.save_top_k == 1:
+                    self._remove_if_ours(previous, self.best_model_path, remove)
+            elif self.monitor in metrics:
+                message = self._plan_monitored(metrics[self.monitor], metrics, save, remove)
+            elif missing_ok:
+                warnings.warn(self._missing_message(metrics) + " Skipping this save.", RuntimeWarning)
+            else:
+                return {"error": self._missing_message(metrics)}
+        if self.save_last:
+            previous, self.last_model_path = self.last_model_path, self._free_path(
+                metrics, self.CHECKPOINT_NAME_LAST, self.last_model_path)
+            save.append(self.last_model_path)
+            self._remove_if_ours(previous, self.last_model_path, remove)
+        return {"save": save, "remove": remove, "state": self.state_dict(), "message": message}
+
+    def _plan_monitored(self, value: Any, metrics: dict[str, Any], save: list[str], remove: list[str]) -> str:
+        current = torch.as_tensor(value).detach().float().cpu().reshape(())
+        if torch.isnan(current):
+            current = torch.tensor(_WORSE[self.mode])  # a NaN never ranks above a real score
+        where = f"Epoch {metrics['epoch']}, global step {metrics['step']}: {self.monitor!r}"
+        if not self._enters_top_k(current):
+            return f"{where} was not in top {self.save_top_k}"
+        k = len(self.best_k_models) + 1 if self.save_top_k == -1 else self.save_top_k
+        dropped = ""
+        if len(self.best_k_models) == k:
+            dropped = self.kth_best_model_path
+            self.best_k_models.pop(dropped)
+        path = self._free_path(metrics, None, dropped)
+        self.current_score = current
+        self.best_k_models[path] = current
+        best, worst = (min, max) if self.mode == "min" else (max, min)
+        score = lambda p: float(self.best_k_models[p])  # noqa: E731 - ties go to the oldest entry
+        if len(self.best_k_models) == k:
+            self.kth_best_model_path = worst(self.best_k_models, key=score)
+            self.kth_value = self.best_k_models[self.kth_best_model_path]
+        self.best_model_path = best(self.best_k_models, key=score)
+        self.best_model_score = self.best_k_models[self.best_model_path]
+        save.append(path)
+        self._remove_if_ours(dropped, path, remove)
+        return f"{where} reached {float(current):.5f} (best {float(self.best_model_score):.5f}), saving {path!r}"
+
+    def _enters_top_k(self, current: torch.Tensor) -> bool:
+        if self.save_top_k == -1 or len(self.best_k_models) < self.save_top_k:
+            return True
+        kth = self.best_k_models[self.kth_best_model_path]
+        return bool(current < kth) if self.mode == "min" else bool(current > kth)
+
+    def _free_path(self, metrics: dict[str, Any], filename: str | None, reusable: str) -> str:
+        """A path no other file holds (`-v1`, `-v2`, ... appended), except `reusable` itself."""
+        path = self.format_checkpoint_name(metrics, filename)
+        version = self.STARTING_VERSION
+        while self._enable_version_counter and os.path.exists(path) and path != reusable:
+            path = self.format_checkpoint_name(metrics, filename, ver=version)
+            version += 1
+        return path
+
+    def _remove_if_ours(self, previous: str, current: str, remove: list[str]) -> None:
+        """Delete `previous` only inside our own directory: a path restored from a checkpoint of
+        another run must never be deleted."""
+        if previous and previous != current and self.dirpath and Path(self.dirpath) in Path(previous).parents:
+            remove.append(previous)
+
+    def _monitor_candidates(self, trainer: Any) -> dict[str, Any]:
+        metrics = dict(trainer.callback_metrics)
+        for key, default in (("epoch", trainer.current_epoch), ("step", trainer.global_step)):
+            value = metrics.get(key)
+            metrics[key] = int(value) if isinstance(value, torch.Tensor) else default
+        return metrics
+
+    def _missing_message(self, metrics: dict[str, Any]) -> str:
+        return (f"ModelCheckpoint(monitor={self.monitor!r}) could not find {self.monitor!r} in the logged metrics; "
+                f"available: {sorted(metrics)}. Log it with self.log({self.monitor!r}, value) or change `monitor`.")
+
+    def _resolve_dirpath(self, trainer: Any) -> str:
+        """Lightning's default: `<save_dir>/<name>/<version>/checkpoints` of the first logger,
+        else `<default_root_dir>/checkpoints`."""
+        if self.dirpath is not None:
+            return self.dirpath
+        if trainer.loggers:
+            logger = trainer.loggers[0]
+            save_dir = getattr(logger, "save_dir", None) or trainer.default_root_dir
+            version = logger.version if isinstance(logger.version, str) else f"version_{logger.version}"
+            return os.path.join(save_dir, str(logger.name), version, "checkpoints")
+        return os.path.join(trainer.default_root_dir, "checkpoints")
+
+
+def _validate(monitor: str | None, mode: str, save_top_k: int, save_last: bool | None,
+              every_n_train_steps: int | None, every_n_epochs: int | None) -> None:
+    if mode not in _WORSE:
+        raise ValueError(f"ModelCheckpoint(mode={mode!r}) is not supported; expected 'min' or 'max'.")
+    if isinstance(save_top_k, bool) or not isinstance(save_top_k, int) or save_top_k < -1:
+        raise ValueError(f"ModelCheckpoint(save_top_k={save_top_k!r}) must be an int >= -1 "
+                         "(-1 keeps every checkpoint, 0 saves none, k keeps the k best).")
+    if monitor is None and save_top_k not in (-1, 0, 1):
+        raise ValueError(f"ModelCheckpoint(save_top_k={save_top_k}, monitor=None) cannot rank checkpoints; "
+                         "pass monitor='<logged metric>' or use save_top_k in (-1, 0, 1).")
+    if save_last not in (None, True, False):
+        raise ValueError(f"ModelCheckpoint(save_last={save_last!r}) is not supported; expected True, False or None.")
+    for name, value in (("every_n_train_steps", every_n_train_steps), ("every_n_epochs", every_n_epochs)):
+        if value is not None and value < 0:
+            raise ValueError(f"ModelCheckpoint({name}={value}) must be >= 0 (0 disables this trigger).")
+    if (every_n_train_steps or 0) > 0 and (every_n_epochs or 0) > 0:
+        raise ValueError(f"ModelCheckpoint(every_n_train_steps={every_n_train_steps}, every_n_epochs="
+                         f"{every_n_epochs}): the triggers are mutually exclusive; set only one of them.")

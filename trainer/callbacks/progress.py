@@ -1,0 +1,147 @@
+"""TQDMProgressBar: one training bar per epoch and an evaluation bar, drawn on global rank 0 only."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+from tqdm import tqdm
+from typing_extensions import override
+
+from trainer.callbacks.base import Callback
+
+
+def _scalar(value: Any) -> Any:
+    return value.item() if isinstance(value, torch.Tensor) and value.numel() == 1 else value
+
+
+class TQDMProgressBar(Callback):
+    """Lightning's tqdm bar: speed (it/s) and loss plus `prog_bar=True` metrics in the postfix.
+    Other ranks draw nothing, so N processes never interleave N bars on one terminal."""
+
+    def __init__(self, refresh_rate: int = 1, leave: bool = False) -> None:
+        if isinstance(refresh_rate, bool) or not isinstance(refresh_rate, int) or refresh_rate < 0:
+            raise ValueError(f"TQDMProgressBar(refresh_rate={refresh_rate!r}) must be an int >= 0 (0 disables it).")
+        self.refresh_rate, self.leave = refresh_rate, leave
+        self.train_progress_bar: tqdm | None = None
+        self.eval_progress_bar: tqdm | None = None
+        self._enabled = True
+        self._rank_zero = True
+        self._eval_done = 0
+
+    @property
+    def is_enabled(self) -> bool:
+        return self._enabled and self._rank_zero and self.refresh_rate > 0
+
+    @property
+    def is_disabled(self) -> bool:
+        return not self.is_enabled
+
+    def disable(self) -> None:
+        self._enabled = False
+
+    def enable(self) -> None:
+        self._enabled = True
+
+    def get_metrics(self, trainer: Any, pl_module: Any) -> dict[str, Any]:
+        """What the postfix shows: the loss, then every `prog_bar=True` metric, then `v_num`."""
+        shown = {key: _scalar(value) for key, value in trainer.progress_bar_metrics.items()}
+        if not any("loss" in key for key in shown):
+            for key in ("loss", "train_loss"):
+                if key in trainer.callback_metrics:
+                    shown = {key: _scalar(trainer.callback_metrics[key]), **shown}
+                    break
+        if trainer.logger is not None:
+            shown["v_num"] = trainer.logger.version
+        return shown
+
+    def print(self, *args: Any, sep: str = " ", end: str = "\n", file: Any = None, **_: Any) -> None:
+        """Print above the bars instead of through them."""
+        if self.train_progress_bar is None and self.eval_progress_bar is None:
+            print(*args, sep=sep, end=end, file=file)
+        else:
+            tqdm.write(sep.join(map(str, args)), file=file, end=end)
+
+    def _bar(self, desc: str, total: Any, leave: bool, position: int = 0) -> tqdm:
+        return tqdm(desc=desc, total=_bar_total(total), leave=leave, position=position, dynamic_ncols=True,
+                    file=sys.stdout, smoothing=0)
+
+    def _advance(self, bar: tqdm | None, done: int, postfix: dict[str, Any] | None = None) -> None:
+        if bar is None or (done % self.refresh_rate != 0 and done != bar.total):
+            return
+        bar.n = done
+        if postfix is not None:
+            bar.set_postfix(postfix, refresh=False)
+        bar.refresh()
+
+    @override
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._rank_zero = trainer.is_global_zero
+
+    @override
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        if not self.is_enabled:
+            return
+        desc = f"Epoch {trainer.current_epoch}"
+        # Like Lightning: leave=True closes each epoch's bar (it stays on screen) and opens a new one;
+        # otherwise one bar is reset every epoch and the last state stays visible after training.
+        if self.train_progress_bar is None or self.leave:
+            self.train_progress_bar = self._bar(desc, trainer.num_training_batches, leave=True)
+        else:
+            self.train_progress_bar.reset(total=_bar_total(trainer.num_training_batches))
+            self.train_progress_bar.set_description(desc, refresh=False)
+
+    @override
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.train_progress_bar is not None:
+            self._advance(self.train_progress_bar, batch_idx + 1, self.get_metrics(trainer, pl_module))
+
+    @override
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.train_progress_bar is not None:
+            self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))
+            if self.leave:
+                self._close_train()
+
+    @override
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self._close_train()
+
+    @override
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        if self.is_enabled:
+            position = 0 if self.train_progress_bar is None else 1
+            self.eval_progress_bar = self._bar("Validation", sum(trainer.num_val_batches), False, position)
+            self._eval_done = 0
+
+    @override
+    def on_validation_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int,
+                                dataloader_idx: int = 0) -> None:
+        self._eval_done += 1
+        self._advance(self.eval_progress_bar, self._eval_done)
+
+    @override
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        self._close_eval()
+        if self.train_progress_bar is not None:
+            self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))
+
+    @override
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._close_eval()
+        self._close_train()
+
+    def _close_eval(self) -> None:
+        if self.eval_progress_bar is not None:
+            self.eval_progress_bar.close()
+            self.eval_progress_bar = None
+
+    def _close_train(self) -> None:
+        if self.train_progress_bar is not None:
+            self.train_progress_bar.close()
+            self.train_progress_bar = None
+
+
+def _bar_total(total: Any) -> int | None:
+    return None if total is None or total == float("inf") else int(total)

@@ -1,0 +1,163 @@
+"""TensorBoardLogger: event files and hparams.yaml in `<save_dir>/<name>/version_N[/sub_dir]`."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+from typing_extensions import override
+
+from strategies.rank_zero import current_global_rank, rank_zero_only
+from trainer.loggers.base import Logger
+from trainer.loggers.csv import HPARAMS_FILE, next_version, plain_params, save_hparams_yaml, scalar
+
+
+class _NoOpWriter:
+    """What `.experiment` is on ranks other than 0: every call is accepted and writes nothing, so
+    user code such as `self.logger.experiment.add_histogram(...)` runs unchanged on every rank."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
+def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`{"optim": {"lr": 0.1}}` -> `{"optim/lr": 0.1}`: TensorBoard's hparams plugin is flat."""
+    flat: dict[str, Any] = {}
+    for key, value in params.items():
+        name = f"{prefix}/{key}" if prefix else str(key)
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten_params(value, name))
+        else:
+            flat[name] = value if isinstance(value, (bool, int, float, str)) else str(value)
+    return flat
+
+
+class TensorBoardLogger(Logger):
+    """Lightning's TensorBoard logger. The `SummaryWriter` is created on first write, so ranks
+    other than 0 (which never write) create no files, and it is never pickled: a spawned worker
+    gets a fresh, lazy one. Extra keyword arguments go to `SummaryWriter`."""
+
+    LOGGER_JOIN_CHAR = "-"
+    NAME_HPARAMS_FILE = HPARAMS_FILE
+
+    def __init__(self, save_dir: str | os.PathLike[str], name: str | None = "lightning_logs",
+                 version: int | str | None = None, log_graph: bool = False, default_hp_metric: bool = True,
+                 prefix: str = "", sub_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> None:
+        self._save_dir, self._name, self._version = os.fspath(save_dir), name or "", version
+        self._log_graph, self._default_hp_metric, self._prefix = log_graph, default_hp_metric, prefix
+        self._sub_dir = None if sub_dir is None else os.fspath(sub_dir)
+        self._kwargs = kwargs
+        self._experiment: Any = None
+        self.hparams: dict[str, Any] = {}
+
+    @property
+    @override
+    def name(self) -> str:
+        return self._name
+
+    @property
+    @override
+    def version(self) -> int | str:
+        if self._version is None:  # resolved once, then cached: every rank must agree on it
+            self._version = next_version(self.root_dir)
+        return self._version
+
+    @property
+    def save_dir(self) -> str:
+        return self._save_dir
+
+    @property
+    def sub_dir(self) -> str | None:
+        return self._sub_dir
+
+    @property
+    @override
+    def root_dir(self) -> str:
+        return os.path.join(self._save_dir, self._name)
+
+    @property
+    @override
+    def log_dir(self) -> str:
+        version = self.version if isinstance(self.version, str) else f"version_{self.version}"
+        log_dir = os.path.join(self.root_dir, version)
+        if self._sub_dir is not None:
+            log_dir = os.path.join(log_dir, self._sub_dir)
+        return os.path.expandvars(os.path.expanduser(log_dir))
+
+    @property
+    def experiment(self) -> Any:
+        """The `torch.utils.tensorboard.SummaryWriter` (a no-op stand-in on ranks other than 0)."""
+        if self._experiment is None:
+            if current_global_rank() != 0:
+                return _NoOpWriter()
+            from torch.utils.tensorboard import SummaryWriter  # slow import: only where it writes
+
+            os.makedirs(self.log_dir, exist_ok=True)
+            self._experiment = SummaryWriter(log_dir=self.log_dir, **self._kwargs)
+        return self._experiment
+
+    @override
+    @rank_zero_only
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        prefix = self._prefix + self.LOGGER_JOIN_CHAR if self._prefix else ""
+        for key, value in metrics.items():
+            if isinstance(value, Mapping):
+                self.experiment.add_scalars(prefix + key, {k: scalar(v) for k, v in value.items()}, step)
+                continue
+            value = scalar(value)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                shown = f"a tensor of shape {tuple(value.shape)}" if hasattr(value, "shape") else repr(value)
+                raise TypeError(f"TensorBoardLogger.log_metrics got {prefix + key!r}={shown} "
+                                f"({type(value).__name__}); expected a number or a one-element tensor. "
+                                "Log images or histograms through `logger.experiment`.")
+            self.experiment.add_scalar(prefix + key, value, step)
+
+    @override
+    @rank_zero_only
+    def log_hyperparams(self, params: Any, metrics: Any = None) -> None:
+        """Write hparams.yaml (nested, like Lightning) and TensorBoard's hparams summary (flat);
+        `hp_metric` starts at -1 unless `default_hp_metric=False`."""
+        params = plain_params(params) or {}
+        self.hparams.update(params)
+        save_hparams_yaml(os.path.join(self.log_dir, self.NAME_HPARAMS_FILE), self.hparams)
+        if metrics is None:
+            metrics = {"hp_metric": -1} if self._default_hp_metric else {}
+        elif not isinstance(metrics, Mapping):
+            metrics = {"hp_metric": metrics}
+        if metrics:
+            from torch.utils.tensorboard.summary import hparams
+
+            self.log_metrics(metrics, 0)
+            writer = self.experiment.file_writer
+            for summary in hparams(flatten_params(params), {k: scalar(v) for k, v in metrics.items()}):
+                writer.add_summary(summary)
+
+    @rank_zero_only
+    def log_graph(self, model: Any, input_array: Any = None) -> None:
+        if not self._log_graph:
+            return
+        input_array = getattr(model, "example_input_array", None) if input_array is None else input_array
+        if input_array is None:
+            warnings.warn("TensorBoardLogger(log_graph=True) could not log the graph: pass `input_array` "
+                          "or set `model.example_input_array`.")
+            return
+        self.experiment.add_graph(model, input_array)
+
+    @override
+    def save(self) -> None:
+        if self._experiment is not None:
+            self._experiment.flush()
+
+    @override
+    def finalize(self, status: str) -> None:
+        if self._experiment is not None:
+            self._experiment.flush()
+            self._experiment.close()
+            self._experiment = None  # a later write (e.g. test after fit) opens a new event file
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_experiment"] = None
+        return state
