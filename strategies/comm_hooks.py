@@ -1,0 +1,102 @@
+"""Communication hooks: how one bucket's gradients are averaged across ranks.
+
+A hook is a plain function `(state, bucket) -> Future[Tensor]`. It must launch its collective
+asynchronously and return at once, so backward keeps computing while the bucket travels; the
+future resolves to the averaged flat gradients (the reducer copies them into the bucket
+buffer if the hook returns a different tensor). The reducer calls hooks for buckets in index
+order on every rank, so a hook may issue collectives freely as long as it issues the same ones
+for every bucket on every rank.
+
+Division happens *before* the sum, as in torch's default hooks: it keeps the summed values in
+the range of the gradients themselves, which matters most for the fp16 hook.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from strategies.buckets import GradBucket
+
+
+@dataclass(frozen=True)
+class CommHookState:
+    """What the built-in hooks need: the group to reduce over and its size."""
+
+    process_group: dist.ProcessGroup | None
+    world_size: int
+
+
+CommHook = Callable[[CommHookState, GradBucket], "torch.futures.Future[torch.Tensor]"]
+
+
+def completed_future(tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    """A future that already holds `tensor` (device-aware, so CUDA tensors are accepted)."""
+    devices: list[int | str | torch.device] | None = [tensor.device] if tensor.device.type != "cpu" else None
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=devices)
+    future.set_result(tensor)
+    return future
+
+
+def _all_reduce_async(tensor: torch.Tensor, state: CommHookState) -> torch.futures.Future[list[torch.Tensor]]:
+    work = dist.all_reduce(tensor, group=state.process_group, async_op=True)
+    if work is None:  # only with async_op=False; keeps the type checker honest
+        raise RuntimeError("dist.all_reduce(async_op=True) returned no work handle.")
+    return work.get_future()
+
+
+def allreduce_mean(state: CommHookState, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Average the bucket in place: divide by world size, then sum over ranks."""
+    buffer = bucket.buffer()
+    if state.world_size == 1:  # the mean over one rank is the value itself: skip the collective
+        return completed_future(buffer)
+    buffer.div_(state.world_size)
+    return _all_reduce_async(buffer, state).then(lambda fut: fut.value()[0])
+
+
+def _compressed_mean(dtype: torch.dtype) -> CommHook:
+    def hook(state: CommHookState, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
+        buffer = bucket.buffer()
+        if state.world_size == 1:  # nothing to send, so nothing to compress
+            return completed_future(buffer)
+        compressed = buffer.to(dtype).div_(state.world_size)
+
+        def decompress(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+            buffer.copy_(fut.value()[0])
+            return buffer
+
+        return _all_reduce_async(compressed, state).then(decompress)
+
+    return hook
+
+
+fp16_compress = _compressed_mean(torch.float16)
+fp16_compress.__name__ = fp16_compress.__qualname__ = "fp16_compress"
+fp16_compress.__doc__ = "Send the bucket as float16 (half the bytes); the average is written back in full precision."
+
+bf16_compress = _compressed_mean(torch.bfloat16)
+bf16_compress.__name__ = bf16_compress.__qualname__ = "bf16_compress"
+bf16_compress.__doc__ = "Send the bucket as bfloat16 (half the bytes, fp32 range, fewer mantissa bits)."
+
+COMM_HOOKS: dict[str, CommHook] = {
+    "mean": allreduce_mean,
+    "fp16": fp16_compress,
+    "bf16": bf16_compress,
+}
+
+
+def resolve_comm_hook(hook: str | CommHook | None) -> CommHook:
+    """Turn a hook name (or None for the default "mean") into the hook function; pass callables through."""
+    if hook is None:
+        return allreduce_mean
+    if isinstance(hook, str):
+        if hook not in COMM_HOOKS:
+            raise ValueError(f"comm_hook={hook!r} is not a known hook; expected one of {sorted(COMM_HOOKS)} "
+                             "or a callable (state, bucket) -> torch.futures.Future[torch.Tensor].")
+        return COMM_HOOKS[hook]
+    if not callable(hook):
+        raise TypeError(f"comm_hook must be a name, a callable or None; received {type(hook).__name__}.")
+    return hook

@@ -1,0 +1,379 @@
+"""GradReducer: average gradients across ranks while backward is still running.
+
+Life of one synchronised backward pass:
+
+1. `prepare_for_backward(outputs)` (optional work only with `find_unused_parameters`): params
+   the outputs do not depend on are marked ready now, so their buckets need not wait.
+2. Each parameter's post-accumulate-grad hook copies its gradient into its bucket slot (or
+   finds it already there: with `gradient_as_bucket_view`, `param.grad` *is* the slot) and
+   marks it ready. The first hook of the pass queues one end-of-backward callback.
+3. When bucket *i* is complete and buckets *0..i-1* are launched, bucket *i* goes to the comm
+   hook (async). Launching in strict index order on every rank is the invariant that makes
+   mismatched collectives impossible, whatever order gradients arrive in.
+4. The end-of-backward callback launches what is left (a parameter without a gradient
+   contributes zeros), waits, and writes the averages back to `.grad`.
+5. `finish_backward()` finalises a pass whose callback never ran (no gradient on this rank),
+   so this rank still issues the collectives its peers are waiting for.
+
+After the first synchronised pass the buckets are rebuilt once, in the order gradients
+actually became ready on rank 0 (broadcast, so every rank builds the same buckets).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from strategies.buckets import MIB, GradBucket, build_buckets, plan_buckets, plan_buckets_in_order, \
+    trainable_parameters
+from strategies.comm_hooks import CommHook, CommHookState, resolve_comm_hook
+
+_HISTORY_LIMIT = 1024  # launch orders kept; bounded so a long run does not grow without limit
+
+
+@dataclass
+class _Telemetry:
+    synced_steps: int = 0
+    exposed_comm_s_last: float = 0.0  # waiting for communication after backward ended, last step
+    exposed_comm_s_total: float = 0.0
+    comm_s_total: float = 0.0  # launch -> result available, summed over buckets (overlapping)
+
+
+class GradReducer:
+    """Bucketed, overlapped gradient averaging for one module on one process group.
+
+    Call `prepare_for_backward(outputs)` right before and `finish_backward()` right after every
+    `loss.backward()`; inside `no_sync()` gradients only accumulate locally.
+
+    A parameter with no gradient on some rank never blocks or desynchronises anything: it
+    contributes zeros. Without `find_unused_parameters`, one that no rank used ends with a zero
+    `.grad`; with it (a graph walk plus one tiny all_reduce per step), its `.grad` stays as it
+    was, like torch DDP, and its bucket can be sent before backward reaches it.
+    """
+
+    # State of the current backward pass, (re)set by _reset_pass.
+    _ready: list[bool]
+    _pending: list[int]  # params of each bucket not ready yet
+    _futures: list[torch.futures.Future[torch.Tensor] | None]
+    _next_bucket: int
+    _ready_order: list[int]
+    _launch_order: list[int]
+    _pass_active: bool
+    _callback_queued: bool
+
+    def __init__(self, module: nn.Module, *, process_group: dist.ProcessGroup | None = None,
+                 bucket_cap_mb: float = 25.0, first_bucket_cap_mb: float = 1.0,
+                 gradient_as_bucket_view: bool = True, comm_hook: str | CommHook | None = None,
+                 find_unused_parameters: bool = False) -> None:
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"GradReducer expects an nn.Module; received {type(module).__name__}.")
+        self._world_size = _world_size(process_group)
+        self._group = process_group
+        self._hook = resolve_comm_hook(comm_hook)
+        self._hook_state = CommHookState(process_group, self._world_size)
+        self._caps = {"bucket_cap_mb": bucket_cap_mb, "first_bucket_cap_mb": first_bucket_cap_mb}
+        self._as_view = gradient_as_bucket_view
+        self._find_unused = find_unused_parameters
+        self._params = trainable_parameters(module)
+        self._sync = True
+        self._rebuilt = False
+        self._removed = False
+        self._finalized_since_mark = False
+        self._lock = threading.Lock()  # hooks of params on different devices run on different threads
+        self._telemetry = _Telemetry()
+        self.launch_order_history: list[list[int]] = []
+        self._install_buckets(plan_buckets(self._params, **self._caps))  # validates the caps
+        self._reset_pass()
+        self._handles = [param.register_post_accumulate_grad_hook(self._make_hook(index))
+                         for index, param in enumerate(self._params)]
+
+    # ------------------------------------------------------------------ public interface
+    @property
+    def require_backward_grad_sync(self) -> bool:
+        """Whether the next backward pass averages gradients (False inside `no_sync`)."""
+        return self._sync
+
+    @require_backward_grad_sync.setter
+    def require_backward_grad_sync(self, value: bool) -> None:
+        self._sync = bool(value)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Let backward passes inside accumulate gradients locally, with no communication."""
+        previous = self._sync
+        self._sync = False
+        try:
+            yield
+        finally:
+            self._sync = previous  # the previous value, so nesting and exceptions are safe
+
+    def prepare_for_backward(self, outputs: Any) -> None:
+        """Start a pass; with `find_unused_parameters`, mark params `outputs` cannot reach as ready."""
+        self._check_not_removed("prepare_for_backward")
+        self._finalized_since_mark = False
+        if not self._sync:
+            return
+        if self._pass_active:
+            raise RuntimeError("The previous synchronised backward started reducing gradients but never "
+                               "finished (did loss.backward() raise, or was finish_backward() skipped?). "
+                               "Call finish_backward() after every loss.backward().")
+        if not self._find_unused:
+            return
+        reachable = _reachable_parameter_ids(outputs)
+        with self._lock:
+            for index, param in enumerate(self._params):
+                if id(param) not in reachable:
+                    self._pass_active = True
+                    self._absorb_grad(index)
+                    self._mark_ready(index)
+
+    def finish_backward(self) -> None:
+        """End a pass: no-op if the end-of-backward callback already ran, else flush every bucket."""
+        self._check_not_removed("finish_backward")
+        already_done, self._finalized_since_mark = self._finalized_since_mark, False
+        if already_done or not self._sync:
+            return
+        self._finalize()
+
+    def summary(self) -> dict[str, Any]:
+        """Bucket layout and cheap communication telemetry, for logs."""
+        t = self._telemetry
+        return {
+            "world_size": self._world_size,
+            "comm_hook": getattr(self._hook, "__name__", repr(self._hook)),
+            "buckets": len(self._buckets),
+            "bucket_sizes_mib": [bucket.nbytes / MIB for bucket in self._buckets],
+            "bucket_param_indices": [list(indexes) for indexes in self._plan],
+            "rebuilt": self._rebuilt,
+            "last_launch_order": list(self.launch_order_history[-1]) if self.launch_order_history else [],
+            "synced_steps": t.synced_steps,
+            "exposed_comm_s_last": t.exposed_comm_s_last,
+            "exposed_comm_s_total": t.exposed_comm_s_total,
+            "comm_s_total": t.comm_s_total,
+        }
+
+    def remove(self) -> None:
+        """Detach from the module; every `.grad` becomes a standalone tensor again."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        if self._as_view:
+            for param in self._params:
+                if param.grad is not None:
+                    param.grad = param.grad.clone()  # out of the bucket buffer we are about to drop
+        self._install_buckets([])
+        self._removed = True
+
+    # ------------------------------------------------------------------ buckets
+    def _install_buckets(self, plan: list[list[int]]) -> None:
+        self._plan = plan
+        self._buckets = build_buckets(self._params, plan)
+        self._slot: dict[int, tuple[int, int]] = {}  # param index -> (bucket index, position in bucket)
+        for bucket_index, indexes in enumerate(plan):
+            for position, param_index in enumerate(indexes):
+                self._slot[param_index] = (bucket_index, position)
+
+    def _view(self, index: int) -> torch.Tensor:
+        bucket_index, position = self._slot[index]
+        return self._buckets[bucket_index].views()[position]
+
+    def _rebuild(self) -> None:
+        """Re-plan once in rank 0's observed readiness order, so buckets fill (and launch) sooner."""
+        seen = set(self._ready_order)
+        order = self._ready_order + [i for indexes in self._plan for i in indexes if i not in seen]
+        if self._world_size > 1:
+            box: list[Any] = [order]
+            src = 0 if self._group is None else dist.get_global_rank(self._group, 0)
+            dist.broadcast_object_list(box, src=src, group=self._group)
+            order = box[0]
+        self._install_buckets(plan_buckets_in_order(self._params, order, **self._caps))
+        self._rebuilt = True
+        if self._as_view:  # the averaged grads live in the old buffers; move them into the new views
+            for index, param in enumerate(self._params):
+                if param.grad is not None:
+                    view = self._view(index)
+                    view.copy_(param.grad)
+                    param.grad = view
+
+    # ------------------------------------------------------------------ one backward pass
+    def _reset_pass(self) -> None:
+        self._ready = [False] * len(self._params)
+        self._pending = [len(indexes) for indexes in self._plan]
+        self._futures = [None] * len(self._plan)
+        self._next_bucket = 0
+        self._ready_order = []
+        self._launch_order = []
+        self._pass_active = False
+        self._callback_queued = False
+
+    def _make_hook(self, index: int) -> Callable[[torch.Tensor], None]:
+        def hook(param: torch.Tensor) -> None:
+            if self._sync:
+                with self._lock:
+                    self._on_grad_ready(index)
+        return hook
+
+    def _on_grad_ready(self, index: int) -> None:
+        if not self._callback_queued:
+            # One callback per pass; it runs when the whole backward graph has finished.
+            torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
+            self._callback_queued = True
+        self._pass_active = True
+        if self._ready[index]:
+            bucket_index = self._slot[index][0]
+            if self._futures[bucket_index] is not None:
+                raise RuntimeError(
+                    f"Parameter {index} received a gradient after its bucket was already sent. Either it "
+                    "was marked unused (pass every output the loss depends on to prepare_for_backward) or "
+                    "it got two gradients in one backward (reentrant checkpointing is not supported).")
+            self._absorb_grad(index)  # marked unused up front but used after all: take the gradient
+            return
+        self._absorb_grad(index)
+        self._mark_ready(index)
+
+    def _absorb_grad(self, index: int) -> None:
+        """Put this param's current gradient (zeros if none) into its bucket slot."""
+        param, view = self._params[index], self._view(index)
+        grad = param.grad
+        if grad is None:
+            view.zero_()
+            return
+        if grad.is_sparse:
+            raise RuntimeError(f"Parameter {index} has a sparse gradient, which GradReducer cannot bucket; "
+                               "use dense gradients (e.g. nn.Embedding(sparse=False)).")
+        if grad.data_ptr() != view.data_ptr():  # a fresh .grad, e.g. after zero_grad(set_to_none=True)
+            view.copy_(grad)
+            if self._as_view:
+                param.grad = view
+
+    def _mark_ready(self, index: int) -> None:
+        self._ready[index] = True
+        self._ready_order.append(index)
+        self._pending[self._slot[index][0]] -= 1
+        while self._next_bucket < len(self._buckets) and self._pending[self._next_bucket] == 0:
+            self._launch(self._next_bucket)
+
+    def _launch(self, bucket_index: int) -> None:
+        started = time.perf_counter()
+
+        def timed(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+            self._telemetry.comm_s_total += time.perf_counter() - started
+            return fut.value()
+
+        self._futures[bucket_index] = self._hook(self._hook_state, self._buckets[bucket_index]).then(timed)
+        self._launch_order.append(bucket_index)
+        self._next_bucket += 1
+
+    def _on_backward_end(self) -> None:
+        self._finalize()
+        self._finalized_since_mark = True
+
+    def _finalize(self) -> None:
+        """Launch what is left in index order, wait, write the averages back, reset for the next pass."""
+        with self._lock:
+            for index in range(len(self._params)):
+                if not self._ready[index]:
+                    self._absorb_grad(index)
+                    self._mark_ready(index)
+            used_future = self._launch_used_map() if self._find_unused else None
+            waiting_since = time.perf_counter()
+            results = [future.wait() for future in self._futures if future is not None]
+            used = used_future.wait()[0].tolist() if used_future is not None else None
+            self._record_step(time.perf_counter() - waiting_since)
+            self._write_back(results, used)
+            if not self._rebuilt:
+                self._rebuild()
+            self._reset_pass()
+
+    def _launch_used_map(self) -> torch.futures.Future[list[torch.Tensor]] | None:
+        """Sum "has a gradient" over ranks, so a param unused everywhere keeps `.grad` untouched.
+
+        Issued after every bucket on every rank, so the collective order still matches.
+        """
+        device = self._buckets[0].buffer().device if self._buckets else torch.device("cpu")
+        used = torch.tensor([param.grad is not None for param in self._params], dtype=torch.int32, device=device)
+        if self._world_size == 1:
+            future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
+            future.set_result([used.cpu()])
+            return future
+        work = dist.all_reduce(used, group=self._group, async_op=True)
+        return None if work is None else work.get_future().then(lambda fut: [fut.value()[0].cpu()])
+
+    def _write_back(self, results: list[torch.Tensor], used: list[int] | None) -> None:
+        for indexes, bucket, result in zip(self._plan, self._buckets, results):
+            if result.data_ptr() != bucket.buffer().data_ptr():  # the hook answered in a new tensor
+                bucket.buffer().copy_(result.view_as(bucket.buffer()))
+            for index, view in zip(indexes, bucket.views()):
+                if used is not None and not used[index]:
+                    continue  # no rank produced a gradient: leave .grad as it was (None)
+                param = self._params[index]
+                if self._as_view:
+                    if param.grad is None:  # otherwise .grad already is the view (see _absorb_grad)
+                        param.grad = view
+                elif param.grad is None:
+                    param.grad = view.clone()
+                else:
+                    param.grad.copy_(view)
+
+    def _record_step(self, exposed_s: float) -> None:
+        t = self._telemetry
+        t.synced_steps += 1
+        t.exposed_comm_s_last = exposed_s
+        t.exposed_comm_s_total += exposed_s
+        self.launch_order_history.append(self._launch_order)
+        del self.launch_order_history[:-_HISTORY_LIMIT]
+
+    def _check_not_removed(self, method: str) -> None:
+        if self._removed:
+            raise RuntimeError(f"GradReducer.{method}() called after remove(); create a new GradReducer.")
+
+
+def _world_size(process_group: dist.ProcessGroup | None) -> int:
+    """World size of the group; 1 (no communication) when torch.distributed is not initialised."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(process_group)
+    if process_group is not None:
+        raise RuntimeError("A process_group was passed but torch.distributed is not initialised; "
+                           "call dist.init_process_group first.")
+    return 1
+
+
+def _reachable_parameter_ids(outputs: Any) -> set[int]:
+    """ids of the leaf tensors whose AccumulateGrad nodes are reachable from `outputs`' graph."""
+    stack: list[Any] = []
+    reachable: set[int] = set()
+    for tensor in _tensors_in(outputs):
+        if tensor.grad_fn is not None:
+            stack.append(tensor.grad_fn)
+        elif tensor.requires_grad:
+            reachable.add(id(tensor))  # an output that is itself a leaf parameter
+    seen: set[Any] = set()
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        variable = getattr(node, "variable", None)  # only AccumulateGrad nodes have one
+        if variable is not None:
+            reachable.add(id(variable))
+        stack.extend(child for child, _ in node.next_functions if child is not None)
+    return reachable
+
+
+def _tensors_in(obj: Any) -> Iterator[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            yield from _tensors_in(value)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            yield from _tensors_in(value)
