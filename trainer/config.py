@@ -1,0 +1,346 @@
+"""Config schemas for `conf/` (registered in Hydra's ConfigStore) and the checks types can't express.
+
+A group file opts into its schema through its defaults list (`- base_trainer`), so Hydra
+type-checks every value and rejects unknown keys while composing: `trainer.max_epochs=abc`
+fails before anything is built. `validate(cfg)` then checks value ranges and choices, and
+raises `ConfigError`, whose message is one line naming the key, the value and what is allowed.
+
+Precision accepts Lightning's names and its short aliases (normalised by `normalize_precision`):
+32 / "32" -> "32-true", 64 / "64" -> "64-true", 16 / "16" -> "16-mixed", "bf16" -> "bf16-mixed".
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from strategies.environment import LocalEnvironment, SLURMEnvironment, TorchElasticEnvironment
+
+PRECISIONS = ("32-true", "64-true", "16-mixed", "bf16-mixed")
+PRECISION_ALIASES = {"32": "32-true", "64": "64-true", "16": "16-mixed", "bf16": "bf16-mixed"}
+ACCELERATORS = ("cpu", "cuda", "auto")
+CLIP_ALGORITHMS = ("norm", "value")
+MONITOR_MODES = ("min", "max")
+SINGLE_STRATEGY_TARGETS = ("strategies.SingleDeviceStrategy", "strategies.single_device.SingleDeviceStrategy")
+
+
+class ConfigError(ValueError):
+    """A composed config holds a value the job can't run with; the message is one line
+    naming the key, the value and what is allowed (or, with `value` omitted, what went wrong)."""
+
+    _NO_VALUE: Any = object()
+
+    def __init__(self, key: str, value: Any = _NO_VALUE, expected: str = "") -> None:
+        self.key, self.value, self.expected = key, value, expected
+        text = f"{key}={value!r} {expected}" if value is not self._NO_VALUE else f"{key}: {expected}"
+        super().__init__(" ".join(line.strip() for line in text.splitlines()))  # always one line
+
+
+# Optional[...] rather than `X | None`: OmegaConf reads these annotations at runtime.
+@dataclass
+class TrainerConfig:
+    """`Trainer(...)` keyword arguments; the CLI adds strategy, callbacks, logger, default_root_dir."""
+
+    accelerator: str = "auto"
+    devices: int = 1
+    num_nodes: int = 1
+    precision: str = "32-true"
+    max_epochs: Optional[int] = None
+    max_steps: int = -1
+    accumulate_grad_batches: int = 1
+    gradient_clip_val: Optional[float] = None
+    gradient_clip_algorithm: str = "norm"
+    val_check_interval: Any = 1.0  # float fraction of an epoch or int batch count
+    check_val_every_n_epoch: Optional[int] = 1
+    limit_train_batches: Any = 1.0  # float fraction or int count (likewise below)
+    limit_val_batches: Any = 1.0
+    limit_test_batches: Any = 1.0
+    limit_predict_batches: Any = 1.0
+    log_every_n_steps: int = 50
+    enable_progress_bar: bool = True
+    enable_checkpointing: bool = True
+    enable_model_summary: bool = True
+    deterministic: bool = False
+    fast_dev_run: Any = False  # bool or int number of batches
+    num_sanity_val_steps: int = 0
+    use_distributed_sampler: bool = True
+    benchmark: Optional[bool] = None
+
+
+@dataclass
+class TimeoutConfig:
+    _target_: str = "datetime.timedelta"
+    seconds: float = 600.0
+
+
+@dataclass
+class DDPStrategyConfig:
+    _target_: str = "strategies.DDPStrategy"
+    bucket_cap_mb: float = 25.0
+    first_bucket_cap_mb: float = 1.0
+    gradient_as_bucket_view: bool = True
+    comm_hook: Optional[str] = None
+    find_unused_parameters: bool = False
+    broadcast_buffers: bool = True
+    sync_batchnorm: bool = False
+    process_group_backend: Optional[str] = None
+    timeout: TimeoutConfig = field(default_factory=TimeoutConfig)
+    max_restarts: int = 0
+
+
+@dataclass
+class SingleDeviceStrategyConfig:
+    _target_: str = "strategies.SingleDeviceStrategy"
+
+
+@dataclass
+class DigitsDataConfig:
+    _target_: str = "trainer.demos.digits.DigitsDataModule"
+    batch_size: int = 64
+    val_fraction: float = 0.2
+    seed: int = 0
+    num_workers: int = 0
+
+
+@dataclass
+class SyntheticDataConfig:
+    _target_: str = "trainer.demos.synthetic.SyntheticDataModule"
+    task: str = "classification"
+    num_samples: int = 4096
+    input_dim: int = 32
+    num_classes: int = 4
+    num_targets: int = 1
+    noise: float = 0.1
+    val_fraction: float = 0.2
+    batch_size: int = 64
+    seed: int = 0
+    num_workers: int = 0
+
+
+@dataclass
+class TextDataConfig:
+    _target_: str = "trainer.demos.text.TextDataModule"
+    path: Optional[str] = None
+    block_size: int = 64
+    batch_size: int = 32
+    val_fraction: float = 0.1
+    num_workers: int = 0
+
+
+# Model keys left null are filled from the datamodule's attribute of the same name (cli.py).
+@dataclass
+class DigitsClassifierConfig:
+    _target_: str = "trainer.demos.digits.DigitsClassifier"
+    arch: str = "mlp"
+    input_dim: Optional[int] = None
+    num_classes: Optional[int] = None
+    hidden_sizes: list[int] = field(default_factory=lambda: [256])
+    channels: list[int] = field(default_factory=lambda: [16, 32])
+    dropout: float = 0.0
+    lr: float = 3e-3
+    optimizer: str = "adam"
+    weight_decay: float = 0.0
+    momentum: float = 0.9
+    scheduler: Optional[str] = None
+
+
+@dataclass
+class MLPRegressorConfig:
+    _target_: str = "trainer.demos.synthetic.MLPRegressor"
+    input_dim: Optional[int] = None
+    num_targets: Optional[int] = None
+    hidden_sizes: list[int] = field(default_factory=lambda: [128, 64])
+    dropout: float = 0.0
+    lr: float = 1e-3
+    optimizer: str = "adam"
+    weight_decay: float = 0.0
+    momentum: float = 0.9
+    scheduler: Optional[str] = None
+
+
+@dataclass
+class CharGPTConfig:
+    _target_: str = "trainer.demos.char_gpt.CharGPT"
+    vocab_size: Optional[int] = None
+    block_size: Optional[int] = None
+    n_layer: int = 2
+    n_head: int = 4
+    n_embd: int = 64
+    dropout: float = 0.0
+    lr: float = 3e-3
+    optimizer: str = "adamw"
+    weight_decay: float = 0.01
+    scheduler: Optional[str] = None
+
+
+SCHEMAS: dict[tuple[str, str], type] = {
+    ("trainer", "base_trainer"): TrainerConfig,
+    ("strategy", "base_ddp"): DDPStrategyConfig,
+    ("strategy", "base_single"): SingleDeviceStrategyConfig,
+    ("data", "base_digits"): DigitsDataConfig,
+    ("data", "base_synthetic"): SyntheticDataConfig,
+    ("data", "base_text"): TextDataConfig,
+    ("model", "base_digits_classifier"): DigitsClassifierConfig,
+    ("model", "base_mlp_regressor"): MLPRegressorConfig,
+    ("model", "base_char_gpt"): CharGPTConfig,
+}
+
+
+def register_configs() -> None:
+    """Put the schemas into Hydra's ConfigStore and register the `ddp_run_name` resolver
+    (idempotent); anything composing `conf/` must import this module first."""
+    store = ConfigStore.instance()
+    for (group, name), node in SCHEMAS.items():
+        store.store(group=group, name=name, node=node)
+    OmegaConf.register_new_resolver("ddp_run_name", run_name, replace=True)
+
+
+def run_name(default: str) -> str:
+    """The run directory's name. Under torchrun or srun every rank runs `ddp-train` itself and
+    their clocks differ, so the launcher's job id names the directory they all share."""
+    if LocalEnvironment.detect():  # a worker of our own launcher (it never re-runs the CLI)
+        return default
+    if TorchElasticEnvironment.detect():
+        run_id = os.environ["TORCHELASTIC_RUN_ID"]
+        if run_id in ("", "none"):  # torchrun without --rdzv-id: one node's ranks share the agent
+            run_id = f"{socket.gethostname()}-{os.getppid()}"
+        return f"torchrun-{run_id}"
+    if SLURMEnvironment.detect():
+        step = os.environ.get("SLURM_STEP_ID")
+        return f"slurm-{os.environ.get('SLURM_JOB_ID', 'job')}" + (f".{step}" if step else "")
+    return default
+
+
+register_configs()
+
+
+# ---------------------------------------------------------------------- validation
+def normalize_precision(value: Any) -> str:
+    """Lightning's precision name for `value` (aliases included); ConfigError if unknown."""
+    text = str(value)
+    if text in PRECISIONS:
+        return text
+    if text in PRECISION_ALIASES and not isinstance(value, bool):
+        return PRECISION_ALIASES[text]
+    raise ConfigError("trainer.precision", value, f"is not one of {list(PRECISIONS)} "
+                                                  f"(aliases: 32, 64, 16, 'bf16')")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Check what the schemas can't: ranges, choices and combinations. Runs before any worker."""
+    _check_int(cfg, "seed", minimum=0, maximum=2**32 - 1)
+    _check_trainer(cfg.trainer)
+    _check_strategy(cfg.strategy, cfg.trainer)
+    _check_one_of(cfg, "monitor.mode", MONITOR_MODES)
+    for group in ("model", "data", "strategy"):
+        if not _has_target(cfg.get(group)):
+            raise ConfigError(group, _plain(cfg.get(group)), "needs a `_target_` naming the class to build")
+    for group in ("callbacks", "logger"):
+        for name, node in (cfg.get(group) or {}).items():
+            if node is not None and not _has_target(node):
+                raise ConfigError(f"{group}.{name}", _plain(node), "needs a `_target_` (or null to disable it)")
+
+
+def _check_trainer(trainer: DictConfig) -> None:
+    normalize_precision(trainer.precision)
+    _check_one_of(trainer, "accelerator", ACCELERATORS, prefix="trainer.")
+    _check_one_of(trainer, "gradient_clip_algorithm", CLIP_ALGORITHMS, prefix="trainer.")
+    for key in ("devices", "num_nodes", "accumulate_grad_batches", "log_every_n_steps"):
+        _check_int(trainer, key, minimum=1, prefix="trainer.")
+    for key in ("max_steps", "max_epochs"):
+        _check_int(trainer, key, minimum=-1, prefix="trainer.", optional=True)
+    _check_int(trainer, "check_val_every_n_epoch", minimum=1, prefix="trainer.", optional=True)
+    _check_int(trainer, "num_sanity_val_steps", minimum=-1, prefix="trainer.")
+    clip = trainer.gradient_clip_val
+    if clip is not None and clip < 0:
+        raise ConfigError("trainer.gradient_clip_val", clip, "must be null or >= 0")
+    for key in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches"):
+        _check_fraction_or_count(trainer, key, zero_ok=True)
+    _check_fraction_or_count(trainer, "val_check_interval", zero_ok=False)
+    fast = trainer.fast_dev_run
+    if not isinstance(fast, bool) and not (isinstance(fast, int) and fast >= 0):
+        raise ConfigError("trainer.fast_dev_run", fast, "must be true, false or an int number of batches >= 0")
+    _check_cuda(trainer)
+
+
+def _check_cuda(trainer: DictConfig) -> None:
+    """Fail here rather than in a worker when the machine has fewer GPUs than asked for."""
+    if trainer.accelerator == "cpu":
+        return
+    import torch  # already imported by the CLI; kept local so schemas alone stay cheap
+
+    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if trainer.accelerator == "cuda" and available == 0:
+        raise ConfigError("trainer.accelerator", "cuda", "but no CUDA device is visible; use 'cpu' or 'auto'")
+    if available and trainer.devices > available:
+        raise ConfigError("trainer.devices", trainer.devices,
+                          f"exceeds the {available} visible CUDA device(s); lower it or use trainer.accelerator=cpu")
+
+
+def _check_strategy(strategy: Any, trainer: DictConfig) -> None:
+    if not isinstance(strategy, DictConfig):
+        return
+    world = trainer.devices * trainer.num_nodes
+    if strategy.get("_target_") in SINGLE_STRATEGY_TARGETS and world != 1:
+        raise ConfigError("trainer.devices", trainer.devices,
+                          f"(x num_nodes={trainer.num_nodes}) must be 1 with strategy=single; "
+                          "use strategy=ddp for more processes")
+    if "comm_hook" in strategy:
+        _check_one_of(strategy, "comm_hook", (None, "fp16", "bf16"), prefix="strategy.")
+    if "process_group_backend" in strategy:
+        _check_one_of(strategy, "process_group_backend", (None, "gloo", "nccl", "mpi", "ucc"), prefix="strategy.")
+    for key in ("bucket_cap_mb", "first_bucket_cap_mb"):
+        if key in strategy and not strategy[key] > 0:
+            raise ConfigError(f"strategy.{key}", strategy[key], "must be > 0")
+    if "max_restarts" in strategy:
+        _check_int(strategy, "max_restarts", minimum=0, prefix="strategy.")
+    if strategy.get("sync_batchnorm") and trainer.accelerator == "cpu":
+        raise ConfigError("strategy.sync_batchnorm", True, "needs trainer.accelerator=cuda (SyncBatchNorm has no CPU "
+                                                           "kernel); set it to false")
+    timeout = strategy.get("timeout")
+    if isinstance(timeout, DictConfig) and "seconds" in timeout and not timeout.seconds > 0:
+        raise ConfigError("strategy.timeout.seconds", timeout.seconds, "must be > 0")
+
+
+def _check_int(node: DictConfig, key: str, minimum: int, maximum: int | None = None, prefix: str = "",
+               optional: bool = False) -> None:
+    value = OmegaConf.select(node, key)
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (maximum and value > maximum):
+        bound = f">= {minimum}" + (f" and <= {maximum}" if maximum else "")
+        raise ConfigError(prefix + key, value, f"must be an int {bound}" + (" or null" if optional else ""))
+
+
+def _check_one_of(node: DictConfig, key: str, allowed: tuple[Any, ...], prefix: str = "") -> None:
+    value = OmegaConf.select(node, key)
+    if value not in allowed:
+        raise ConfigError(prefix + key, value, f"is not one of {list(allowed)}")
+
+
+def _check_fraction_or_count(trainer: DictConfig, key: str, zero_ok: bool) -> None:
+    value = trainer[key]
+    low = 0 if zero_ok else 1
+    if isinstance(value, bool):
+        ok = False
+    elif isinstance(value, int):
+        ok = value >= low
+    else:
+        ok = isinstance(value, float) and (0.0 <= value <= 1.0 if zero_ok else 0.0 < value <= 1.0)
+    if not ok:
+        fraction = "[0.0, 1.0]" if zero_ok else "(0.0, 1.0]"
+        raise ConfigError(f"trainer.{key}", value,
+                          f"must be a float in {fraction} (a fraction) or an int >= {low} (a count)")
+
+
+def _has_target(node: Any) -> bool:
+    return isinstance(node, DictConfig) and "_target_" in node
+
+
+def _plain(node: Any) -> Any:
+    return OmegaConf.to_container(node, resolve=False) if isinstance(node, DictConfig) else node
