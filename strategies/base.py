@@ -121,7 +121,8 @@ class Strategy(abc.ABC):
 
     def training_step(self, module: nn.Module, *args: Any, **kwargs: Any) -> Any:
         """Run `module.training_step`; a distributed strategy syncs buffers first (like DDP's forward)."""
-        return module.training_step(*args, **kwargs)
+        step: Callable[..., Any] = getattr(module, "training_step")
+        return step(*args, **kwargs)
 
     def teardown(self) -> None:
         """Release what `setup_environment`/`setup_module` acquired. Safe to call twice."""

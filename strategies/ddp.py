@@ -1,0 +1,312 @@
+"""DDPStrategy: one process per device, gradients averaged by our own bucketed reducer.
+
+It *has* (never inherits) each piece: an environment (ranks), the launcher (processes), the
+process group, the reducer (gradients), the sampler helper (data) and a CheckpointIO (files).
+`__init__` only validates and stores, so a strategy is cheap to build and to pickle into the
+workers; everything that needs a process group happens in `setup_environment`/`setup_module`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import numbers
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader
+from typing_extensions import override
+
+from strategies import process_group
+from strategies.base import ACCELERATORS, ReduceOp, Strategy
+from strategies.checkpoint_io import CheckpointIO
+from strategies.environment import ClusterEnvironment, detect_environment, processes_launched_externally
+from strategies.rank_zero import rank_prefixed_message
+from strategies.sampler import distribute_dataloader
+
+if TYPE_CHECKING:
+    from strategies.reducer import GradReducer
+
+_REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
+               "min": dist.ReduceOp.MIN}
+
+
+class DDPStrategy(Strategy):
+    """Distributed data parallel over `devices x num_nodes` processes with our GradReducer.
+
+    Arguments mirror `torch.nn.parallel.DistributedDataParallel` where they share a name;
+    `comm_hook` is None (plain mean), "fp16", "bf16" or a `(state, bucket) -> Future` callable.
+    """
+
+    def __init__(self, bucket_cap_mb: float = 25, first_bucket_cap_mb: float = 1,
+                 gradient_as_bucket_view: bool = True, comm_hook: str | Callable[..., Any] | None = None,
+                 find_unused_parameters: bool = False, broadcast_buffers: bool = True,
+                 sync_batchnorm: bool = False, process_group_backend: str | None = None,
+                 timeout: timedelta = timedelta(minutes=10), max_restarts: int = 0, accelerator: str = "auto",
+                 checkpoint_io: CheckpointIO | None = None) -> None:
+        super().__init__(accelerator=accelerator, checkpoint_io=checkpoint_io)
+        _check_positive_number("bucket_cap_mb", bucket_cap_mb)
+        _check_positive_number("first_bucket_cap_mb", first_bucket_cap_mb)
+        for name, flag in (("gradient_as_bucket_view", gradient_as_bucket_view), ("sync_batchnorm", sync_batchnorm),
+                           ("find_unused_parameters", find_unused_parameters),
+                           ("broadcast_buffers", broadcast_buffers)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be True or False, got {flag!r}.")
+        from strategies.comm_hooks import resolve_comm_hook
+
+        resolve_comm_hook(comm_hook)  # ValueError/TypeError naming comm_hook for a bad value
+        process_group.validate_backend(process_group_backend)
+        if not isinstance(timeout, timedelta) or timeout.total_seconds() <= 0:
+            raise ValueError(f"timeout must be a positive datetime.timedelta, got {timeout!r}.")
+        if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+            raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}.")
+        if accelerator not in ACCELERATORS:
+            raise ValueError(f"accelerator={accelerator!r} is not supported; expected one of {ACCELERATORS}.")
+        self.bucket_cap_mb, self.first_bucket_cap_mb = float(bucket_cap_mb), float(first_bucket_cap_mb)
+        self.gradient_as_bucket_view, self.comm_hook = gradient_as_bucket_view, comm_hook
+        self.find_unused_parameters, self.broadcast_buffers = find_unused_parameters, broadcast_buffers
+        self.sync_batchnorm, self.process_group_backend = sync_batchnorm, process_group_backend
+        self.timeout, self.max_restarts = timeout, max_restarts
+        self._environment: ClusterEnvironment | None = None
+        self._reducer: GradReducer | None = None
+        self._owns_process_group = False
+
+    # ------------------------------------------------------------------ configuration
+    @override
+    def configure(self, *, accelerator: str | None = None, devices: int = 1, num_nodes: int = 1) -> None:
+        for name, value in (("devices", devices), ("num_nodes", num_nodes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int for DDPStrategy, got {value!r}.")
+        super().configure(accelerator=accelerator, devices=devices, num_nodes=num_nodes)
+        process_group.resolve_backend(self.process_group_backend, torch.device(self.accelerator))
+        if self.sync_batchnorm and self.accelerator != "cuda":
+            raise ValueError("sync_batchnorm=True needs accelerator='cuda': torch's SyncBatchNorm does not run "
+                             "on CPU. Set sync_batchnorm=False or train on GPUs.")
+
+    # ------------------------------------------------------------------ ranks
+    @property
+    def environment(self) -> ClusterEnvironment:
+        """Where this process's ranks come from: fixed by `setup_environment`, detected afresh before."""
+        return self._environment or detect_environment(self.devices * self.num_nodes)
+
+    @property
+    @override
+    def global_rank(self) -> int:
+        return self.environment.global_rank
+
+    @property
+    @override
+    def local_rank(self) -> int:
+        return self.environment.local_rank
+
+    @property
+    @override
+    def node_rank(self) -> int:
+        return self.environment.node_rank
+
+    @property
+    @override
+    def world_size(self) -> int:
+        return self.environment.world_size
+
+    # ------------------------------------------------------------------ lifecycle
+    @override
+    def launch(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        from strategies import launcher
+
+        external = processes_launched_externally()
+        if self.num_nodes > 1 and not external:
+            raise ValueError(f"num_nodes={self.num_nodes} needs one launcher per node: start the script with "
+                             f"torchrun (--nnodes={self.num_nodes} --nproc-per-node={self.devices}) or srun; "
+                             f"the built-in launcher starts processes on this machine only.")
+        in_place = external or self.devices * self.num_nodes == 1
+        return launcher.launch(self, fn, args, kwargs, nprocs=self.devices, in_place=in_place,
+                               max_restarts=self.max_restarts)
+
+    @override
+    def setup_environment(self) -> None:
+        self.configure(accelerator=self.accelerator, devices=self.devices, num_nodes=self.num_nodes)
+        self._environment = detect_environment(self.devices * self.num_nodes)
+        expected = self.devices * self.num_nodes
+        if self._environment.world_size != expected:
+            raise ValueError(rank_prefixed_message(
+                f"the launcher started {self._environment.world_size} processes "
+                f"({type(self._environment).__name__}) but the strategy was configured for devices="
+                f"{self.devices} x num_nodes={self.num_nodes} = {expected}; make them agree.", self.global_rank))
+        backend = process_group.resolve_backend(self.process_group_backend, self.root_device)
+        self._owns_process_group = process_group.init_process_group(
+            self._environment, backend=backend, device=self.root_device, timeout=self.timeout)
+
+    @override
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        from strategies.reducer import GradReducer
+
+        self._require_process_group("setup_module")
+        if self.sync_batchnorm:
+            module = nn.SyncBatchNorm.convert_sync_batchnorm(module)
+        module = module.to(self.root_device)
+        _check_same_parameters(module, self.global_rank)
+        _broadcast_tensors([*module.parameters(), *module.buffers()])
+        if self._reducer is not None:
+            self._reducer.remove()
+        self._reducer = GradReducer(module, bucket_cap_mb=self.bucket_cap_mb,
+                                    first_bucket_cap_mb=self.first_bucket_cap_mb,
+                                    gradient_as_bucket_view=self.gradient_as_bucket_view,
+                                    comm_hook=self.comm_hook, find_unused_parameters=self.find_unused_parameters)
+        return module
+
+    @override
+    def process_dataloader(self, dataloader: DataLoader) -> DataLoader:
+        return distribute_dataloader(dataloader, num_replicas=self.world_size, rank=self.global_rank)
+
+    @override
+    def training_step(self, module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if self.broadcast_buffers and dist.is_initialized() and dist.get_world_size() > 1:
+            # Like DDP's forward: rank 0's running stats win, so every rank normalises alike.
+            _broadcast_tensors(list(module.buffers()))
+        return super().training_step(module, *args, **kwargs)
+
+    @override
+    def teardown(self) -> None:
+        if self._reducer is not None:
+            self._reducer.remove()
+            self._reducer = None
+        if self._owns_process_group:
+            process_group.destroy_process_group()
+            self._owns_process_group = False
+
+    # ------------------------------------------------------------------ gradients
+    @override
+    def backward(self, loss: torch.Tensor) -> None:
+        reducer = self._require_reducer("backward")
+        reducer.prepare_for_backward(loss)
+        loss.backward()
+        reducer.finish_backward()
+
+    @override
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        with self._require_reducer("no_sync").no_sync():
+            yield
+
+    # ------------------------------------------------------------------ collectives
+    @override
+    def reduce(self, tensor: torch.Tensor, op: ReduceOp = "mean") -> torch.Tensor:
+        if op not in _REDUCE_OPS:
+            raise ValueError(f"op={op!r} is not supported; expected one of {tuple(_REDUCE_OPS)}.")
+        if not dist.is_initialized():
+            return tensor.clone()
+        result = tensor.detach().clone().to(self.root_device)
+        if op == "mean" and not (result.is_floating_point() or result.is_complex()):
+            result = result.double()  # the mean of integers is not an integer
+        dist.all_reduce(result, op=_REDUCE_OPS[op])
+        if op == "mean":
+            result /= dist.get_world_size()
+        return result.to(tensor.device)
+
+    @override
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        if not dist.is_initialized():
+            return tensor.unsqueeze(0)
+        local = tensor.detach().contiguous().to(self.root_device)
+        shapes: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(shapes, tuple(local.shape))
+        if len(set(shapes)) > 1:
+            raise ValueError(rank_prefixed_message(
+                f"all_gather needs the same shape on every rank, got {dict(enumerate(shapes))}; "
+                f"pad the tensors to a common shape first.", self.global_rank))
+        gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, local)
+        return torch.stack(gathered).to(tensor.device)
+
+    @override
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        if not dist.is_initialized():
+            return obj
+        holder = [obj]
+        dist.broadcast_object_list(holder, src=src)
+        return holder[0]
+
+    @override
+    def barrier(self, name: str | None = None) -> None:
+        if not dist.is_initialized():
+            return
+        if dist.get_backend() == "nccl":
+            dist.barrier(device_ids=[self.root_device.index or 0])
+        else:
+            dist.barrier()
+
+    # ------------------------------------------------------------------ reporting
+    @override
+    def summary(self) -> dict[str, Any]:
+        return {
+            **super().summary(),
+            "environment": type(self.environment).__name__,
+            "backend": dist.get_backend() if dist.is_initialized() else None,
+            "bucket_cap_mb": self.bucket_cap_mb, "first_bucket_cap_mb": self.first_bucket_cap_mb,
+            "gradient_as_bucket_view": self.gradient_as_bucket_view,
+            "comm_hook": getattr(self.comm_hook, "__name__", self.comm_hook),
+            "find_unused_parameters": self.find_unused_parameters, "broadcast_buffers": self.broadcast_buffers,
+            "reducer": self._reducer.summary() if self._reducer is not None else None,
+        }
+
+    # ------------------------------------------------------------------ helpers
+    def _require_process_group(self, method: str) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError(f"DDPStrategy.{method}() needs the process group; call it inside "
+                               f"strategy.launch(fn) (which runs setup_environment() first).")
+
+    def _require_reducer(self, method: str) -> GradReducer:
+        if self._reducer is None:
+            raise RuntimeError(f"DDPStrategy.{method}() needs the gradient reducer; call "
+                               f"strategy.setup_module(module) first.")
+        return self._reducer
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Only configuration travels to the workers; per-process state is rebuilt there.
+        return {**self.__dict__, "_environment": None, "_reducer": None, "_owns_process_group": False}
+
+
+def _check_positive_number(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number (MiB), got {type(value).__name__} {value!r}.")
+    if not float(value) > 0:
+        raise ValueError(f"{name} must be > 0 (MiB), got {value!r}.")
+
+
+def _check_same_parameters(module: nn.Module, rank: int) -> None:
+    """Every rank must hold the same parameter names and shapes, or the buckets would not line
+    up and the first all-reduce would hang or mix unrelated gradients. Raises on every rank."""
+    mine = [(name, tuple(param.shape), str(param.dtype)) for name, param in module.named_parameters()]
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    reference = everyone[0]
+    for other_rank, theirs in enumerate(everyone[1:], start=1):
+        if theirs == reference:
+            continue
+        for position in range(max(len(reference), len(theirs))):
+            ours = reference[position] if position < len(reference) else None
+            other = theirs[position] if position < len(theirs) else None
+            if ours != other:
+                raise RuntimeError(rank_prefixed_message(
+                    f"parameters differ between ranks 0 and {other_rank}: parameter #{position} is {ours} "
+                    f"on rank 0 but {other} on rank {other_rank} (name, shape, dtype). Every rank must build "
+                    f"the same model.", rank))
+
+
+@torch.no_grad()
+def _broadcast_tensors(tensors: list[torch.Tensor]) -> None:
+    """Copy rank 0's values into `tensors`, one flat collective per (device, dtype) group."""
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for tensor in tensors:
+        groups.setdefault((tensor.device, tensor.dtype), []).append(tensor)
+    for group in groups.values():
+        flat = torch.cat([tensor.detach().reshape(-1) for tensor in group])
+        dist.broadcast(flat, src=0)
+        offset = 0
+        for tensor in group:
+            tensor.copy_(flat[offset:offset + tensor.numel()].view_as(tensor))
+            offset += tensor.numel()

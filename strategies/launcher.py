@@ -1,0 +1,189 @@
+"""Start one worker per local device through torch elastic, or run in place when the
+processes already exist (torchrun, srun) or there is only one rank.
+
+Launch = wrap(setup ∘ work): each worker runs `strategy.setup_environment()`, the user's
+function and `strategy.teardown()`, under `@record` so elastic can report its traceback.
+Restarts default to 0: a restart would silently mask a crash. Elastic's agent stops every
+other worker as soon as one fails (SIGTERM, then SIGKILL), so nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pickle
+import signal
+import tempfile
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.distributed.elastic.multiprocessing import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
+
+from strategies.environment import LOCAL_LAUNCH_MARKER
+from strategies.rank_zero import rank_prefixed_message
+
+if TYPE_CHECKING:
+    from strategies.base import Strategy
+
+SHUTDOWN_TIMEOUT_S = 5  # SIGTERM -> SIGKILL grace for the surviving workers after a failure
+
+
+class WorkerFailedError(RuntimeError):
+    """A worker raised or died; `rank` is the first rank that failed, `traceback` its traceback
+    (None when it was killed by a signal), `exitcode` its exit status when elastic saw it."""
+
+    def __init__(self, rank: int, message: str, traceback: str | None = None, exitcode: int | None = None) -> None:
+        super().__init__(rank_prefixed_message(message, rank))
+        self.rank, self.traceback, self.exitcode = rank, traceback, exitcode
+
+
+def launch(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *,
+           nprocs: int, in_place: bool, max_restarts: int = 0) -> Any:
+    """Run `fn(*args, **kwargs)` on every rank and return global rank 0's result.
+
+    `in_place` means this process already is a rank (torchrun/srun, or a world of one).
+    """
+    if in_place:
+        strategy.setup_environment()
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException:
+            strategy.teardown()  # this process lives on (a notebook, a test): release the group
+            raise
+        _finish(strategy)
+        return result
+    payload = _serialize(strategy, fn, args, kwargs)
+    from torch.distributed.launcher.api import elastic_launch  # heavy import, only when launching
+
+    with tempfile.TemporaryDirectory(prefix="ddp-trainer-") as run_dir, _restored_process_state():
+        failures_dir = Path(run_dir, "failures")
+        failures_dir.mkdir()
+        config = _launch_config(nprocs, max_restarts, run_dir)
+        try:
+            results = elastic_launch(config, _worker)(payload, str(failures_dir))
+        except ChildFailedError as error:
+            raise _first_failure(error, failures_dir) from None
+        except SignalException as error:  # elastic's handler turned a signal into this; workers are stopped
+            if error.sigval == signal.SIGINT:
+                raise KeyboardInterrupt from error
+            raise
+    return pickle.loads(results[0])
+
+
+@record
+def _worker(payload: bytes, failures_dir: str) -> bytes | None:
+    """Entry point of every spawned worker (module level, so `spawn` can import it)."""
+    os.environ[LOCAL_LAUNCH_MARKER] = "1"
+    _split_cpu_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    try:
+        strategy, fn, args, kwargs = pickle.loads(payload)
+        strategy.setup_environment()
+        result = fn(*args, **kwargs)
+        _finish(strategy)
+        return pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL) if strategy.global_rank == 0 else None
+    except BaseException:
+        # Stamp the failure with a precise time before the process exits: the peers' errors
+        # that this exit causes come later, so the earliest stamp is the root cause.
+        stamp = {"time_ns": time.time_ns(), "traceback": traceback.format_exc()}
+        Path(failures_dir, f"{os.environ.get('RANK', '0')}.json").write_text(json.dumps(stamp))
+        raise
+
+
+def _finish(strategy: Strategy) -> None:
+    """Wait for every rank before tearing down: a rank that closed its connections while a peer
+    was still reading the last collective would break that peer."""
+    strategy.barrier("teardown")
+    strategy.teardown()
+
+
+def _split_cpu_threads(local_world_size: int) -> None:
+    """Give each local rank its share of the CPUs, so N ranks do not oversubscribe N x cores."""
+    if "OMP_NUM_THREADS" in os.environ:  # the user (or our parent) already decided
+        threads = max(1, int(os.environ["OMP_NUM_THREADS"]))
+    else:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        threads = max(1, cpus // max(1, local_world_size))
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+
+
+def _launch_config(nprocs: int, max_restarts: int, run_dir: str) -> Any:
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.launcher.api import LaunchConfig
+
+    options: dict[str, Any] = dict(
+        min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=uuid.uuid4().hex,
+        rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0",  # port 0: the agent binds a free one, no race
+        local_addr="127.0.0.1", max_restarts=max_restarts, monitor_interval=0.05, start_method="spawn",
+        logs_specs=DefaultLogsSpecs(log_dir=str(Path(run_dir, "logs"))), shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+    supported = LaunchConfig.__dataclass_fields__  # shutdown_timeout is recent; older torch lacks it
+    return LaunchConfig(**{key: value for key, value in options.items() if key in supported})
+
+
+def _first_failure(error: ChildFailedError, failures_dir: Path) -> WorkerFailedError:
+    """Pick the root cause: a rank killed by a signal, else the earliest Python failure."""
+    stamps = {int(path.stem): json.loads(path.read_text()) for path in failures_dir.glob("*.json")}
+    for rank, failure in sorted(error.failures.items()):
+        if failure.exitcode < 0 and rank not in stamps:
+            return WorkerFailedError(rank, f"worker was killed by signal {-failure.exitcode} "
+                                     f"({failure.signal_name()}, pid {failure.pid}) before it could raise; "
+                                     f"a kill by the OOM killer or an outside `kill` looks like this.",
+                                     exitcode=failure.exitcode)
+    if stamps:
+        rank = min(stamps, key=lambda r: stamps[r]["time_ns"])
+        text = stamps[rank]["traceback"].rstrip()
+        exitcode = error.failures[rank].exitcode if rank in error.failures else None
+        last_line = text.splitlines()[-1] if text else "unknown error"
+        return WorkerFailedError(rank, f"worker failed: {last_line}\n{text}", traceback=text, exitcode=exitcode)
+    rank, failure = error.get_first_failure()
+    recorded = failure.message.get("extraInfo", {}).get("py_callstack") if isinstance(failure.message, dict) else None
+    if recorded:  # @record caught it outside our stamping (e.g. while splitting threads)
+        return WorkerFailedError(rank, f"worker failed:\n{recorded}", traceback=recorded, exitcode=failure.exitcode)
+    return WorkerFailedError(rank, f"worker exited with code {failure.exitcode} (pid {failure.pid}) before "
+                             f"running the function; its stderr above shows why. A script that launches must "
+                             f"guard its entry point with `if __name__ == \"__main__\":` (spawn re-imports it).",
+                             exitcode=failure.exitcode)
+
+
+def _serialize(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
+    """Pickle the work with plain `pickle`, in one piece.
+
+    Plain pickle gives every worker its own copy of each tensor: torch.multiprocessing, which
+    spawn would otherwise use, moves CPU tensors to shared memory, so N ranks would step the
+    *same* parameters N times. One piece keeps shared references (the strategy inside `fn`'s
+    arguments is the strategy the worker sets up).
+    """
+    qualname = getattr(fn, "__qualname__", "")
+    hint = (f"launch() runs {qualname or fn!r} in new processes, which import it by name and receive its "
+            f"arguments pickled: define it at module level (not a lambda or a nested function) and pass "
+            f"picklable arguments.")
+    if "<lambda>" in qualname or "<locals>" in qualname:
+        raise TypeError(hint)
+    try:
+        return pickle.dumps((strategy, fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, AttributeError, TypeError) as error:
+        raise TypeError(f"{hint} Pickling failed: {error}") from error
+
+
+@contextlib.contextmanager
+def _restored_process_state() -> Iterator[None]:
+    """Elastic installs signal handlers and sets an env variable in the launching process; put
+    both back so a launch leaves the caller (a notebook, a test run) as it found it."""
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
+    saved_env = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE")
+    try:
+        yield
+    finally:
+        for sig, handler in handlers.items():
+            with contextlib.suppress(ValueError, TypeError):  # not the main thread / non-Python handler
+                signal.signal(sig, handler)
+        os.environ.pop("TORCHELASTIC_SIGNALS_TO_HANDLE", None)
+        if saved_env is not None:
+            os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = saved_env

@@ -1,0 +1,98 @@
+"""Create and destroy the default process group for one worker.
+
+The rendezvous is always `env://`: under torch elastic (torchrun or our launcher) the workers
+must join the agent's TCP store as clients, which only the env handler knows how to do. When
+no launcher set MASTER_ADDR/MASTER_PORT (SLURM, a single in-process rank) we set them from
+the environment object and remove them again on destroy, so nothing leaks into the caller.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from strategies.environment import ClusterEnvironment
+from strategies.rank_zero import rank_prefixed_message
+
+KNOWN_BACKENDS = ("gloo", "nccl", "mpi", "ucc")
+
+# MASTER_* variables this module set itself (and must remove on destroy).
+_variables_we_set: list[str] = []
+
+
+def validate_backend(backend: str | None) -> None:
+    """Reject an unknown backend name before any worker starts."""
+    if backend is None:
+        return
+    if not isinstance(backend, str):
+        raise TypeError(f"process_group_backend must be a string or None, got {type(backend).__name__}.")
+    registered = tuple(name for name in getattr(dist.Backend, "backend_list", KNOWN_BACKENDS) if name != "undefined")
+    if backend.lower() not in registered:
+        raise ValueError(f"process_group_backend={backend!r} is not a known torch.distributed backend; "
+                         f"expected None (auto) or one of {registered}.")
+
+
+def resolve_backend(backend: str | None, device: torch.device) -> str:
+    """The backend to use: explicit if given, else gloo on CPU and nccl on CUDA."""
+    validate_backend(backend)
+    if backend is None:
+        return "nccl" if device.type == "cuda" else "gloo"
+    if backend.lower() == "nccl" and device.type != "cuda":
+        raise ValueError(f"process_group_backend='nccl' needs CUDA devices but the strategy runs on "
+                         f"{device}; use process_group_backend='gloo' (or None) or accelerator='cuda'.")
+    return backend.lower()
+
+
+def init_process_group(environment: ClusterEnvironment, *, backend: str, device: torch.device,
+                       timeout: timedelta) -> bool:
+    """Pin the device and join the default group; return False if one already existed (not ours).
+
+    Errors carry the rank so that, among N interleaved logs, the failing worker is obvious.
+    """
+    rank, world_size = environment.global_rank, environment.world_size
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if dist.is_initialized():
+        if dist.get_world_size() != world_size or dist.get_rank() != rank:
+            raise RuntimeError(rank_prefixed_message(
+                f"a process group already exists with rank {dist.get_rank()} of {dist.get_world_size()}, "
+                f"but the environment says rank {rank} of {world_size}; destroy it first "
+                f"(torch.distributed.destroy_process_group()).", rank))
+        return False
+    _export_rendezvous_address(environment)
+    try:
+        dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world_size,
+                                timeout=timeout)
+        # Gloo's init returns on a rank once *its* connections are up; without this barrier a
+        # fast rank could finish and close them while a peer is still connecting.
+        dist.barrier(device_ids=[device.index or 0] if device.type == "cuda" else None)
+    except (RuntimeError, ValueError, TimeoutError) as error:
+        destroy_process_group()  # half-initialised (the barrier failed) or not at all: leave nothing
+        raise RuntimeError(rank_prefixed_message(
+            f"could not initialise the process group (backend={backend!r}, init_method='env://', "
+            f"MASTER_ADDR={environment.main_address}, MASTER_PORT={environment.main_port}, "
+            f"world_size={world_size}, timeout={timeout}): {error}. Check that every rank was started "
+            f"and can reach the address, or raise DDPStrategy(timeout=...).", rank)) from error
+    return True
+
+
+def destroy_process_group() -> None:
+    """Destroy the default group if there is one; safe to call any number of times."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    _forget_rendezvous_address()
+
+
+def _export_rendezvous_address(environment: ClusterEnvironment) -> None:
+    for key, value in (("MASTER_ADDR", environment.main_address), ("MASTER_PORT", str(environment.main_port))):
+        if key not in os.environ:
+            os.environ[key] = value
+            _variables_we_set.append(key)
+
+
+def _forget_rendezvous_address() -> None:
+    while _variables_we_set:
+        os.environ.pop(_variables_we_set.pop(), None)

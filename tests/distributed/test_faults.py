@@ -1,0 +1,99 @@
+"""A failing rank ends the whole launch within seconds, names itself, and leaves no process behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from strategies import DDPStrategy
+from strategies.launcher import WorkerFailedError
+from tests.helpers import ddp_workers
+
+REPO = Path(__file__).parents[2]
+PROMPT_S = 10  # from the failure to the raise; a surviving rank would otherwise sleep 60 s
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def _children_of(parent: int) -> list[str]:
+    """Live child processes of `parent` except multiprocessing's long-lived resource tracker."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if int(fields[1]) == parent and fields[0] != "Z" and "resource_tracker" not in cmdline:
+            found.append(f"{stat.parent.name}: {cmdline}")
+    return found
+
+
+def _worker_pids(pid_dir: Path) -> list[int]:
+    return [int(path.read_text()) for path in sorted(pid_dir.glob("*.pid"))]
+
+
+def _seconds_since_rank1_failed(pid_dir: Path) -> float:
+    """Rank 1 writes its pid file just before it fails, so the file's mtime dates the failure."""
+    return time.time() - (pid_dir / "1.pid").stat().st_mtime
+
+
+def _strategy() -> DDPStrategy:
+    strategy = DDPStrategy()
+    strategy.configure(accelerator="cpu", devices=2)
+    return strategy
+
+
+@pytest.mark.timeout(90)
+def test_raising_rank_ends_launch_with_its_rank_and_traceback(tmp_path: Path) -> None:
+    strategy = _strategy()
+    with pytest.raises(WorkerFailedError) as info:
+        strategy.launch(ddp_workers.raise_on_rank_one, strategy, str(tmp_path))
+    assert _seconds_since_rank1_failed(tmp_path) < PROMPT_S
+    message = str(info.value)
+    assert message.startswith("[rank: 1]") and info.value.rank == 1
+    assert "ValueError: boom from rank one" in message and "Traceback" in message
+    assert "raise_on_rank_one" in message  # the worker's own frame, not the launcher's
+    pids = _worker_pids(tmp_path)
+    assert len(pids) == 2 and not [pid for pid in pids if _alive(pid)]
+    assert _children_of(os.getpid()) == []
+
+
+SCRIPT = textwrap.dedent("""
+    import sys
+    from strategies import DDPStrategy
+    from tests.helpers import ddp_workers
+
+    if __name__ == "__main__":
+        strategy = DDPStrategy()
+        strategy.configure(accelerator="cpu", devices=2)
+        strategy.launch(ddp_workers.sigkill_rank_one, strategy, sys.argv[1])
+""")
+
+
+@pytest.mark.timeout(90)
+def test_killed_rank_ends_the_job_nonzero_and_leaves_no_process(tmp_path: Path) -> None:
+    script = tmp_path / "kill_one.py"
+    script.write_text(SCRIPT)
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, str(script), str(pid_dir)], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert _seconds_since_rank1_failed(pid_dir) < PROMPT_S
+    assert done.returncode != 0
+    assert "WorkerFailedError: [rank: 1] worker was killed by signal 9 (SIGKILL" in done.stderr
+    pids = _worker_pids(pid_dir)
+    assert len(pids) == 2 and not [pid for pid in pids if _alive(pid)]

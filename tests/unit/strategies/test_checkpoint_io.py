@@ -1,0 +1,85 @@
+"""TorchCheckpointIO: atomic writes and code-free reads."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from strategies.checkpoint_io import CheckpointError, TorchCheckpointIO
+
+
+class Payload:
+    """A class weights_only loading must refuse to reconstruct."""
+
+    def __init__(self) -> None:
+        self.value = 1
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    io = TorchCheckpointIO()
+    path = tmp_path / "nested" / "model.ckpt"
+    io.save({"w": torch.arange(3.0), "step": 4, "meta": {"lr": [0.1]}}, path)
+    loaded = io.load(path)
+    assert torch.equal(loaded["w"], torch.arange(3.0)) and loaded["step"] == 4 and loaded["meta"] == {"lr": [0.1]}
+    assert sorted(p.name for p in path.parent.iterdir()) == ["model.ckpt"]  # no temp file left
+
+
+def test_failing_save_keeps_the_old_file_and_leaves_no_temp_file(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    io = TorchCheckpointIO()
+    path = tmp_path / "model.ckpt"
+    io.save({"version": 1}, path)
+    real_save = torch.save
+
+    def half_then_fail(obj: Any, handle: Any, *args: Any, **kwargs: Any) -> None:
+        real_save({"version": 2, "big": torch.zeros(1000)}, handle)
+        handle.truncate(100)  # a partly written file ...
+        raise OSError("disk full")  # ... and then the writer dies
+
+    monkeypatch.setattr(torch, "save", half_then_fail)
+    with pytest.raises(OSError, match="disk full"):
+        io.save({"version": 2}, path)
+    monkeypatch.setattr(torch, "save", real_save)
+    assert io.load(path) == {"version": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["model.ckpt"]
+
+
+def test_truncated_file_raises_checkpoint_error_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "model.ckpt"
+    TorchCheckpointIO().save({"w": torch.zeros(1000)}, path)
+    path.write_bytes(path.read_bytes()[:200])
+    with pytest.raises(CheckpointError, match="model.ckpt"):
+        TorchCheckpointIO().load(path)
+
+
+def test_missing_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="nothing.ckpt"):
+        TorchCheckpointIO().load(tmp_path / "nothing.ckpt")
+
+
+def test_pickle_with_custom_class_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "evil.ckpt"
+    torch.save({"payload": Payload()}, path)
+    with pytest.raises(CheckpointError, match="evil.ckpt") as info:
+        TorchCheckpointIO().load(path)
+    assert isinstance(info.value.__cause__, pickle.UnpicklingError)
+
+
+def test_non_dict_checkpoint_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "list.ckpt"
+    torch.save([1, 2], path)
+    with pytest.raises(CheckpointError, match="list"):
+        TorchCheckpointIO().load(path)
+
+
+def test_remove_is_idempotent(tmp_path: Path) -> None:
+    io = TorchCheckpointIO()
+    path = tmp_path / "model.ckpt"
+    io.save({}, path)
+    io.remove(path)
+    io.remove(path)
+    assert not path.exists()

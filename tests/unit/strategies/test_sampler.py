@@ -1,0 +1,95 @@
+"""DistributedSampler injection: a faithful rebuild, or a TypeError that says what to do."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, IterableDataset, RandomSampler,
+                              SequentialSampler, TensorDataset, WeightedRandomSampler)
+
+from strategies.sampler import SEED_VARIABLE, distribute_dataloader
+
+DATASET = TensorDataset(torch.arange(10.0))
+
+
+def _collate(batch: list[Any]) -> Any:
+    return batch
+
+
+def _init_worker(worker_id: int) -> None:
+    del worker_id
+
+
+class Stream(IterableDataset):
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(3))
+
+
+class MyLoader(DataLoader):
+    pass
+
+
+def test_rebuild_keeps_every_public_field() -> None:
+    generator = torch.Generator().manual_seed(3)
+    original = DataLoader(DATASET, batch_size=3, shuffle=True, num_workers=2, collate_fn=_collate, pin_memory=False,
+                          drop_last=True, timeout=5.0, worker_init_fn=_init_worker,
+                          multiprocessing_context="spawn", generator=generator, prefetch_factor=4,
+                          persistent_workers=True)
+    loader = distribute_dataloader(original, num_replicas=2, rank=1)
+    assert type(loader) is DataLoader and loader is not original
+    for field in ("dataset", "batch_size", "num_workers", "collate_fn", "pin_memory", "drop_last", "timeout",
+                  "worker_init_fn", "generator", "prefetch_factor", "persistent_workers", "pin_memory_device"):
+        assert getattr(loader, field) == getattr(original, field), field
+    assert loader.multiprocessing_context is original.multiprocessing_context
+    sampler = loader.sampler
+    assert isinstance(sampler, DistributedSampler)
+    assert (sampler.num_replicas, sampler.rank, sampler.shuffle) == (2, 1, True)
+
+
+def test_sequential_loader_stays_unshuffled_and_yields_this_ranks_shard() -> None:
+    loader = distribute_dataloader(DataLoader(DATASET, batch_size=2), num_replicas=2, rank=0)
+    assert isinstance(loader.sampler, DistributedSampler) and not loader.sampler.shuffle
+    assert [batch[0].tolist() for batch in loader] == [[0.0, 2.0], [4.0, 6.0], [8.0]]
+
+
+def test_seed_comes_from_the_argument_then_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    base = DataLoader(DATASET, shuffle=True)
+    monkeypatch.delenv(SEED_VARIABLE, raising=False)
+    assert distribute_dataloader(base, 2, 0).sampler.seed == 0  # type: ignore[attr-defined]
+    monkeypatch.setenv(SEED_VARIABLE, "42")
+    assert distribute_dataloader(base, 2, 0).sampler.seed == 42  # type: ignore[attr-defined]
+    assert distribute_dataloader(base, 2, 0, seed=7).sampler.seed == 7  # type: ignore[attr-defined]
+    monkeypatch.setenv(SEED_VARIABLE, "not-a-number")
+    with pytest.raises(ValueError, match=SEED_VARIABLE):
+        distribute_dataloader(base, 2, 0)
+
+
+def test_existing_distributed_sampler_and_iterable_dataset_are_left_alone() -> None:
+    already = DataLoader(DATASET, sampler=DistributedSampler(DATASET, num_replicas=2, rank=0))
+    assert distribute_dataloader(already, 2, 1) is already
+    batched = DataLoader(DATASET, batch_sampler=BatchSampler(DistributedSampler(DATASET, 2, 0), 2, False))
+    assert distribute_dataloader(batched, 2, 1) is batched
+    stream = DataLoader(Stream(), batch_size=2)
+    assert distribute_dataloader(stream, 2, 1) is stream
+
+
+def test_unbatched_loader_is_supported() -> None:
+    loader = distribute_dataloader(DataLoader(DATASET, batch_size=None), num_replicas=2, rank=1)
+    assert loader.batch_size is None
+    assert [item[0].item() for item in loader] == [1.0, 3.0, 5.0, 7.0, 9.0]
+
+
+@pytest.mark.parametrize(("loader", "found"), [
+    (MyLoader(DATASET), "MyLoader"),
+    (DataLoader(DATASET, sampler=WeightedRandomSampler([1.0] * 10, 10)), "WeightedRandomSampler"),
+    (DataLoader(DATASET, sampler=RandomSampler(DATASET, replacement=True)), "RandomSampler"),
+    (DataLoader(DATASET, sampler=range(10)), "range"),
+    (DataLoader(DATASET, batch_sampler=BatchSampler(SequentialSampler(DATASET), 2, False)), "BatchSampler"),
+])
+def test_unrebuildable_loaders_raise_type_error_with_the_fix(loader: DataLoader, found: str) -> None:
+    with pytest.raises(TypeError, match=found) as info:
+        distribute_dataloader(loader, num_replicas=2, rank=0)
+    assert "use_distributed_sampler=False" in str(info.value)
