@@ -132,35 +132,36 @@ class TextDataConfig:
     num_workers: int = 0
 
 
-# Model keys left null are filled from the datamodule's attribute of the same name (cli.py).
 @dataclass
-class DigitsClassifierConfig:
-    _target_: str = "trainer.demos.digits.DigitsClassifier"
-    arch: str = "mlp"
-    input_dim: Optional[int] = None
-    num_classes: Optional[int] = None
-    hidden_sizes: list[int] = field(default_factory=lambda: [256])
-    channels: list[int] = field(default_factory=lambda: [16, 32])
-    dropout: float = 0.0
-    lr: float = 3e-3
-    optimizer: str = "adam"
-    weight_decay: float = 0.0
-    momentum: float = 0.9
-    scheduler: Optional[str] = None
+class OptimizerFields:
+    """The optimizer arguments every demo model takes (trainer/demos/common.py)."""
 
-
-@dataclass
-class MLPRegressorConfig:
-    _target_: str = "trainer.demos.synthetic.MLPRegressor"
-    input_dim: Optional[int] = None
-    num_targets: Optional[int] = None
-    hidden_sizes: list[int] = field(default_factory=lambda: [128, 64])
     dropout: float = 0.0
     lr: float = 1e-3
     optimizer: str = "adam"
     weight_decay: float = 0.0
     momentum: float = 0.9
     scheduler: Optional[str] = None
+
+
+# Model keys left null are filled from the datamodule's attribute of the same name (cli.py).
+@dataclass
+class DigitsClassifierConfig(OptimizerFields):
+    _target_: str = "trainer.demos.digits.DigitsClassifier"
+    arch: str = "mlp"
+    input_dim: Optional[int] = None
+    num_classes: Optional[int] = None
+    hidden_sizes: list[int] = field(default_factory=lambda: [256])
+    channels: list[int] = field(default_factory=lambda: [16, 32])
+    lr: float = 3e-3
+
+
+@dataclass
+class MLPRegressorConfig(OptimizerFields):
+    _target_: str = "trainer.demos.synthetic.MLPRegressor"
+    input_dim: Optional[int] = None
+    num_targets: Optional[int] = None
+    hidden_sizes: list[int] = field(default_factory=lambda: [128, 64])
 
 
 @dataclass

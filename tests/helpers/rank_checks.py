@@ -33,4 +33,4 @@ class RankAgreement(Callback):
 
 
 def max_param_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
-    return max(float((x - y).abs().max()) for x, y in zip(a.parameters(), b.parameters()))
+    return max(float((x.detach() - y.detach()).abs().max()) for x, y in zip(a.parameters(), b.parameters()))

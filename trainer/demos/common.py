@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, Dataset
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 SCHEDULERS = (None, "cosine", "step")
@@ -73,3 +74,11 @@ def _trainer_max_epochs(module: nn.Module) -> Any:
         return module.trainer.max_epochs  # type: ignore[union-attr]
     except (AttributeError, RuntimeError):  # not attached to a Trainer (a manual loop, a test)
         return None
+
+
+def make_loader(owner: Any, dataset: Dataset | None, shuffle: bool) -> DataLoader:
+    """A loader with the datamodule's batch size and workers; a clear error before `setup()`."""
+    if dataset is None:
+        raise RuntimeError(f"{type(owner).__name__}.setup() must run before asking for a dataloader.")
+    return DataLoader(dataset, batch_size=owner.batch_size, shuffle=shuffle, num_workers=owner.num_workers,
+                      persistent_workers=owner.num_workers > 0)

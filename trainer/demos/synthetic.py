@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainer.datamodule import LightningDataModule
-from trainer.demos.common import check_fraction, check_positive, configure_optimizer, make_mlp
+from trainer.demos.common import check_fraction, check_positive, configure_optimizer, make_loader, make_mlp
 from trainer.module import LightningModule
 
 TASKS = ("classification", "regression")
@@ -71,16 +71,10 @@ class SyntheticDataModule(LightningDataModule):
         self.val_set = TensorDataset(x[:n_val], y[:n_val])
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, shuffle=True)
+        return make_loader(self, self.train_set, shuffle=True)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, shuffle=False)
-
-    def _loader(self, dataset: TensorDataset | None, shuffle: bool) -> DataLoader:
-        if dataset is None:
-            raise RuntimeError("SyntheticDataModule.setup() must run before asking for a dataloader.")
-        return DataLoader(dataset, batch_size=self.batch_size, shuffle=shuffle, num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0)
+        return make_loader(self, self.val_set, shuffle=False)
 
 
 class MLPRegressor(LightningModule):

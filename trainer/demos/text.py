@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from trainer.datamodule import LightningDataModule
-from trainer.demos.common import check_fraction, check_positive
+from trainer.demos.common import check_fraction, check_positive, make_loader
 
 DEFAULT_TEXT = "lighthouse.txt"  # original prose shipped in trainer/demos/data/
 
@@ -93,16 +93,10 @@ class TextDataModule(LightningDataModule):
         self.val_set = TextWindows(data[-n_val:], self.block_size, stride=self.block_size)
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, shuffle=True)
+        return make_loader(self, self.train_set, shuffle=True)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, shuffle=False)
-
-    def _loader(self, dataset: TextWindows | None, shuffle: bool) -> DataLoader:
-        if dataset is None:
-            raise RuntimeError("TextDataModule.setup() must run before asking for a dataloader.")
-        return DataLoader(dataset, batch_size=self.batch_size, shuffle=shuffle, num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0)
+        return make_loader(self, self.val_set, shuffle=False)
 
 
 def read_text(path: Path, block_size: int, val_fraction: float) -> str:

@@ -10,8 +10,7 @@ from typing import Any
 from typing_extensions import override
 
 from strategies.rank_zero import current_global_rank, rank_zero_only
-from trainer.loggers.base import Logger
-from trainer.loggers.csv import HPARAMS_FILE, next_version, plain_params, save_hparams_yaml, scalar
+from trainer.loggers.base import HPARAMS_FILE, FileLogger, plain_params, save_hparams_yaml, scalar
 
 
 class _NoOpWriter:
@@ -34,7 +33,7 @@ def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any
     return flat
 
 
-class TensorBoardLogger(Logger):
+class TensorBoardLogger(FileLogger):
     """Lightning's TensorBoard logger. The `SummaryWriter` is created on first write, so ranks
     other than 0 (which never write) create no files, and it is never pickled: a spawned worker
     gets a fresh, lazy one. Extra keyword arguments go to `SummaryWriter`."""
@@ -45,28 +44,11 @@ class TensorBoardLogger(Logger):
     def __init__(self, save_dir: str | os.PathLike[str], name: str | None = "lightning_logs",
                  version: int | str | None = None, log_graph: bool = False, default_hp_metric: bool = True,
                  prefix: str = "", sub_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> None:
-        self._save_dir, self._name, self._version = os.fspath(save_dir), name or "", version
-        self._log_graph, self._default_hp_metric, self._prefix = log_graph, default_hp_metric, prefix
+        super().__init__(save_dir, name, version, prefix)
+        self._log_graph, self._default_hp_metric = log_graph, default_hp_metric
         self._sub_dir = None if sub_dir is None else os.fspath(sub_dir)
         self._kwargs = kwargs
         self._experiment: Any = None
-        self.hparams: dict[str, Any] = {}
-
-    @property
-    @override
-    def name(self) -> str:
-        return self._name
-
-    @property
-    @override
-    def version(self) -> int | str:
-        if self._version is None:  # resolved once, then cached: every rank must agree on it
-            self._version = next_version(self.root_dir)
-        return self._version
-
-    @property
-    def save_dir(self) -> str:
-        return self._save_dir
 
     @property
     def sub_dir(self) -> str | None:
@@ -74,17 +56,9 @@ class TensorBoardLogger(Logger):
 
     @property
     @override
-    def root_dir(self) -> str:
-        return os.path.join(self._save_dir, self._name)
-
-    @property
-    @override
     def log_dir(self) -> str:
-        version = self.version if isinstance(self.version, str) else f"version_{self.version}"
-        log_dir = os.path.join(self.root_dir, version)
-        if self._sub_dir is not None:
-            log_dir = os.path.join(log_dir, self._sub_dir)
-        return os.path.expandvars(os.path.expanduser(log_dir))
+        log_dir = super().log_dir
+        return log_dir if self._sub_dir is None else os.path.join(log_dir, os.path.expanduser(self._sub_dir))
 
     @property
     def experiment(self) -> Any:

@@ -9,7 +9,7 @@ import torch
 import yaml
 
 from trainer.loggers import CSVLogger
-from trainer.loggers.csv import next_version, plain_params
+from trainer.loggers.base import next_version, plain_params
 
 
 def _rows(path: str) -> tuple[list[str], list[dict[str, str]]]:
