@@ -1,8 +1,13 @@
-"""TQDMProgressBar: one training bar per epoch and an evaluation bar, drawn on global rank 0 only."""
+"""TQDMProgressBar: one training bar per epoch and an evaluation bar, drawn on global rank 0 only.
+
+When stdout is not a terminal (CI logs, pipes, files) redrawn bars become thousands of lines,
+so the bar prints one summary line per epoch instead.
+"""
 
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 import torch
@@ -29,6 +34,8 @@ class TQDMProgressBar(Callback):
         self._enabled = True
         self._rank_zero = True
         self._eval_done = 0
+        self._interactive = True
+        self._epoch_started = 0.0
 
     @property
     def is_enabled(self) -> bool:
@@ -52,7 +59,7 @@ class TQDMProgressBar(Callback):
                 if key in trainer.callback_metrics:
                     shown = {key: _scalar(trainer.callback_metrics[key]), **shown}
                     break
-        if trainer.logger is not None:
+        if trainer.logger is not None and trainer.logger.version != "":
             shown["v_num"] = trainer.logger.version
         return shown
 
@@ -78,10 +85,12 @@ class TQDMProgressBar(Callback):
     @override
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         self._rank_zero = trainer.is_global_zero
+        self._interactive = stdout_is_terminal()
 
     @override
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
-        if not self.is_enabled:
+        self._epoch_started = time.perf_counter()
+        if not (self.is_enabled and self._interactive):
             return
         desc = f"Epoch {trainer.current_epoch}"
         # Like Lightning: leave=True closes each epoch's bar (it stays on screen) and opens a new one;
@@ -99,6 +108,8 @@ class TQDMProgressBar(Callback):
 
     @override
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.is_enabled and not self._interactive:
+            self._print_epoch_line(trainer, pl_module)
         if self.train_progress_bar is not None:
             self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))
             if self.leave:
@@ -108,9 +119,17 @@ class TQDMProgressBar(Callback):
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self._close_train()
 
+    def _print_epoch_line(self, trainer: Any, pl_module: Any) -> None:
+        seconds = time.perf_counter() - self._epoch_started
+        metrics = "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                            for k, v in self.get_metrics(trainer, pl_module).items())
+        speed = trainer.num_training_batches / seconds if seconds > 0 else 0.0
+        print(f"Epoch {trainer.current_epoch}: step {trainer.global_step}  {metrics}  "
+              f"[{seconds:.2f} s, {speed:.1f} it/s]", flush=True)
+
     @override
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
-        if self.is_enabled:
+        if self.is_enabled and self._interactive:
             position = 0 if self.train_progress_bar is None else 1
             self.eval_progress_bar = self._bar("Validation", sum(trainer.num_val_batches), False, position)
             self._eval_done = 0
@@ -141,6 +160,10 @@ class TQDMProgressBar(Callback):
         if self.train_progress_bar is not None:
             self.train_progress_bar.close()
             self.train_progress_bar = None
+
+
+def stdout_is_terminal() -> bool:
+    return sys.stdout.isatty()
 
 
 def _bar_total(total: Any) -> int | None:

@@ -9,6 +9,12 @@ from tests.helpers.fake_trainer import BroadcastChannel, FakeTrainer, RecordingL
 from trainer.callbacks import TQDMProgressBar
 
 
+@pytest.fixture(autouse=True)
+def terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bars are drawn only on a terminal; pytest's captured stdout is not one."""
+    monkeypatch.setattr("trainer.callbacks.progress.stdout_is_terminal", lambda: True)
+
+
 def test_rank_zero_draws_train_and_validation_bars(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bar = TQDMProgressBar()
     trainer = FakeTrainer(tmp_path, callbacks=[bar], loggers=[RecordingLogger()], num_training_batches=3)
@@ -60,3 +66,14 @@ def test_leave_keeps_one_bar_per_epoch(tmp_path: Path, capsys: pytest.CaptureFix
     FakeTrainer(tmp_path, callbacks=[bar], num_training_batches=3, num_val_batches=[]).fit(2)
     out = capsys.readouterr().out
     assert out.count("3/3") >= 2 and "Epoch 1" in out
+
+
+def test_without_a_terminal_one_line_per_epoch(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("trainer.callbacks.progress.stdout_is_terminal", lambda: False)
+    bar = TQDMProgressBar()
+    trainer = FakeTrainer(tmp_path, callbacks=[bar], loggers=[RecordingLogger()], num_training_batches=3)
+    trainer.fit(2, val_metrics=lambda epoch: {"val_loss": 1.0}, train_metrics=lambda step: {"train_loss": 0.5})
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("Epoch 0: step 3") and "it/s" in lines[1]
+    assert "train_loss=0.5" in lines[1]
