@@ -1,0 +1,186 @@
+"""Our GradReducer inside Lightning's own DDP strategy, for either Lightning package.
+
+`pytorch_lightning` and the unified `lightning.pytorch` ship separate copies of every class, and
+each Trainer refuses the other's strategy objects. So the strategy is built once per package by
+`build_strategy_class(base)`, with that package's `DDPStrategy` as the base; everything here
+stays free of Lightning imports, which keeps a single implementation of the logic.
+
+What changes against Lightning's DDPStrategy: while fitting, `strategy.model` is a
+`ReducedModule` instead of torch's `DistributedDataParallel`. Lightning reaches the wrapped
+module only through `strategy.model(*args)` (its forward redirection), `block_backward_sync()`
+and `pre_backward`/`post_backward`, so those are the members we replace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import numbers
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.constants import default_pg_timeout
+from typing_extensions import override
+
+from strategies.comm_hooks import CommHook, resolve_comm_hook
+from strategies.ddp import _broadcast_tensors, _check_same_parameters
+from strategies.reducer import GradReducer
+
+START_METHODS = ("popen", "spawn", "fork", "forkserver")
+# Names registered in each package's StrategyRegistry, with the launcher's start method.
+REGISTERED_NAMES = {"bucket_ddp": "popen", "bucket_ddp_spawn": "spawn"}
+
+
+@dataclass(frozen=True)
+class ReducerOptions:
+    """The options of our `DDPStrategy` that shape the reducer; validated when built, so a bad
+    value fails in the launching process, before any worker starts."""
+
+    bucket_cap_mb: float = 25.0
+    first_bucket_cap_mb: float = 1.0
+    gradient_as_bucket_view: bool = True
+    comm_hook: str | CommHook | None = None
+    find_unused_parameters: bool = False
+    broadcast_buffers: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("bucket_cap_mb", "first_bucket_cap_mb"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value) > 0:
+                raise ValueError(f"{name} must be a positive number of MiB (e.g. 25), got {value!r}.")
+        for name in ("gradient_as_bucket_view", "find_unused_parameters", "broadcast_buffers"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}.")
+        resolve_comm_hook(self.comm_hook)  # names the accepted hooks on a bad value
+
+
+class ReducedModule(nn.Module):
+    """Stands where torch's `DistributedDataParallel` would: Lightning's `strategy.model` while fitting.
+
+    Building it makes every rank start from rank 0's parameters and buffers and attaches a
+    GradReducer to the LightningModule's parameters. `forward` only re-broadcasts buffers (as
+    DDP does in a synchronised training forward) and calls the module; gradients are averaged
+    by the reducer's hooks during backward.
+    """
+
+    def __init__(self, module: nn.Module, options: ReducerOptions, rank: int) -> None:
+        super().__init__()
+        _check_same_parameters(module, rank)  # a clear error instead of a hang on mismatched models
+        _broadcast_tensors([*module.parameters(), *module.buffers()])
+        self.module = module
+        self.broadcast_buffers = options.broadcast_buffers
+        self.reducer = GradReducer(module, bucket_cap_mb=options.bucket_cap_mb,
+                                   first_bucket_cap_mb=options.first_bucket_cap_mb,
+                                   gradient_as_bucket_view=options.gradient_as_bucket_view,
+                                   comm_hook=options.comm_hook,
+                                   find_unused_parameters=options.find_unused_parameters)
+
+    @override
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        # Same condition as torch DDP: only a forward whose backward will be synchronised syncs
+        # buffers, so evaluation and accumulation steps cost no communication.
+        if self.broadcast_buffers and torch.is_grad_enabled() and self.reducer.require_backward_grad_sync:
+            buffers = list(self.module.buffers())
+            if buffers:
+                _broadcast_tensors(buffers)
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Like `DistributedDataParallel.no_sync`: backward passes inside only accumulate locally."""
+        with self.reducer.no_sync():
+            yield
+
+    def remove(self) -> None:
+        """Detach the reducer; the module's `.grad` tensors stay valid."""
+        self.reducer.remove()
+
+
+def build_strategy_class(base: type[Any], module: str) -> type[Any]:
+    """Return `LightningDDPStrategy` subclassing `base` (one Lightning package's `DDPStrategy`).
+
+    `module` is where the class is published; pickle (Lightning's spawn launcher) finds it there.
+    """
+
+    class LightningDDPStrategy(base):  # type: ignore[misc,valid-type]
+        """Lightning's DDP strategy with our bucketed GradReducer instead of torch's DDP.
+
+        The first six arguments are those of our `DDPStrategy`; the rest are Lightning's own.
+        Registered as "bucket_ddp" (subprocess launcher, like "ddp") and "bucket_ddp_spawn".
+        """
+
+        def __init__(self, bucket_cap_mb: float = 25, first_bucket_cap_mb: float = 1,
+                     gradient_as_bucket_view: bool = True, comm_hook: str | CommHook | None = None,
+                     find_unused_parameters: bool = False, broadcast_buffers: bool = True, *,
+                     accelerator: Any = None, parallel_devices: list[torch.device] | None = None,
+                     cluster_environment: Any = None, checkpoint_io: Any = None, precision_plugin: Any = None,
+                     process_group_backend: str | None = None, timeout: timedelta | None = default_pg_timeout,
+                     start_method: str = "popen") -> None:
+            self.reducer_options = ReducerOptions(bucket_cap_mb, first_bucket_cap_mb, gradient_as_bucket_view,
+                                                  comm_hook, find_unused_parameters, broadcast_buffers)
+            if start_method not in START_METHODS:
+                raise ValueError(f"start_method={start_method!r} is not supported; expected one of {START_METHODS}.")
+            super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
+                             cluster_environment=cluster_environment, checkpoint_io=checkpoint_io,
+                             precision_plugin=precision_plugin, process_group_backend=process_group_backend,
+                             timeout=timeout, start_method=start_method)
+
+        @override
+        def configure_ddp(self) -> None:
+            # Lightning calls this only when fitting. It replaces both the torch DDP wrapper and
+            # `_register_ddp_hooks`: our comm hooks are chosen by name in the reducer options.
+            self.model: nn.Module = self._setup_model(self.model)
+
+        @override
+        def _setup_model(self, model: nn.Module) -> nn.Module:
+            return ReducedModule(model, self.reducer_options, rank=self.global_rank)
+
+        @override
+        @contextlib.contextmanager
+        def block_backward_sync(self) -> Iterator[None]:
+            # Lightning's version only recognises torch DDP; without this, gradient accumulation
+            # would all-reduce on every micro-batch.
+            reduced = self.reduced_module
+            with reduced.no_sync() if reduced is not None else contextlib.nullcontext():
+                yield
+
+        @override
+        def pre_backward(self, closure_loss: torch.Tensor) -> None:
+            if self.reduced_module is not None:
+                self.reduced_module.reducer.prepare_for_backward(closure_loss)
+
+        @override
+        def post_backward(self, closure_loss: torch.Tensor) -> None:
+            if self.reduced_module is not None:
+                self.reduced_module.reducer.finish_backward()
+
+        @override
+        def teardown(self) -> None:
+            reduced = self.reduced_module
+            if reduced is not None:
+                reduced.remove()
+                self.model = reduced.module  # Lightning's teardown expects the bare module back
+            super().teardown()
+
+        @property
+        def reduced_module(self) -> ReducedModule | None:
+            """The wrapper holding the reducer while fitting; None before setup and after teardown."""
+            return self.model if isinstance(self.model, ReducedModule) else None
+
+        def reducer_summary(self) -> dict[str, Any] | None:
+            """Bucket layout and communication telemetry of the reducer (None when not fitting)."""
+            return self.reduced_module.reducer.summary() if self.reduced_module is not None else None
+
+    LightningDDPStrategy.__module__ = module
+    LightningDDPStrategy.__qualname__ = LightningDDPStrategy.__name__
+    return LightningDDPStrategy
+
+
+def register_strategy_names(strategy_class: type[Any], registry: Any) -> None:
+    """Make `Trainer(strategy="bucket_ddp")` work; re-importing replaces the entry, never fails."""
+    for name, start_method in REGISTERED_NAMES.items():
+        registry.register(name, strategy_class, override=True, start_method=start_method,
+                          description=f"DDP with the ddp-trainer bucketed GradReducer, start_method={start_method!r}")
