@@ -7,7 +7,7 @@ from typing import Any
 
 from strategies.checkpoint_io import CheckpointError
 from trainer.hparams import plain_hparams
-from trainer.seed import restore_rng_states, rng_states
+from trainer.seed import gather_rng_states, restore_rank_rng_states
 
 FORMAT = "ddp-trainer"
 FORMAT_VERSION = 1
@@ -33,7 +33,7 @@ def build_checkpoint(trainer: Any, module: Any, weights_only: bool = False) -> d
             precision=trainer.precision_plugin.state_dict(),
             callbacks=trainer.callback_list.state_dict(),
             metrics=trainer.metric_store.state_dict(),
-            rng_states=rng_states(),
+            rng_states=gather_rng_states(trainer.strategy.all_gather),
         )
         datamodule = trainer.datamodule
         if datamodule is not None and hasattr(datamodule, "state_dict"):
@@ -80,7 +80,7 @@ def restore_training_state(trainer: Any, module: Any, checkpoint: dict[str, Any]
     if trainer.datamodule is not None and "datamodule" in checkpoint and hasattr(trainer.datamodule, "load_state_dict"):
         trainer.datamodule.load_state_dict(checkpoint["datamodule"])
     if "rng_states" in checkpoint:
-        restore_rng_states(checkpoint["rng_states"])
+        restore_rank_rng_states(checkpoint["rng_states"], trainer.global_rank)
 
 
 def resolve_ckpt_path(ckpt_path: str | None, checkpoint_dirs: list[str]) -> str | None:

@@ -20,6 +20,7 @@ from trainer.loops.fit_loop import run_fit
 from trainer.module_adapter import attach, automatic_optimization, check_module, detach
 from trainer.callbacks.dispatch import checkpoints_last
 from trainer.optimizers import ManualOptimizer, init_optimizers
+from trainer.seed import SEED_ENV, seed_everything
 
 _STAGE_NAMES = {"fit": "fit", "validate": "validate", "test": "test", "predict": "predict"}
 _LOADER_HOOKS = {"fit": "train_dataloader", "validate": "val_dataloader", "test": "test_dataloader",
@@ -31,6 +32,8 @@ def run_stage(trainer: Any, stage: str, model: nn.Module, data: dict[str, Any]) 
 
     check_module(model)
     launcher_pid = data.pop("launcher_pid", None)
+    if launcher_pid != os.getpid():
+        _reseed_worker()
     trainer.lightning_module, trainer.datamodule = model, data.get("datamodule")
     trainer.state.fn = stage
     attach(model, trainer)
@@ -60,6 +63,13 @@ def run_stage(trainer: Any, stage: str, model: nn.Module, data: dict[str, Any]) 
     if launcher_pid != os.getpid():
         result.state_dict = {k: v.detach().cpu() for k, v in trainer.strategy.unwrap(model).state_dict().items()}
     return result
+
+
+def _reseed_worker() -> None:
+    """A spawned worker starts with fresh RNGs: give it the seed the user set in the launching
+    process (as Lightning does), so dropout and shuffling are reproducible run to run."""
+    if SEED_ENV in os.environ:
+        seed_everything(int(os.environ[SEED_ENV]), workers=os.environ.get("PL_SEED_WORKERS") == "1")
 
 
 def _run(trainer: Any, stage: str, model: nn.Module, data: dict[str, Any]) -> Any:

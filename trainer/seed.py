@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -38,6 +39,37 @@ def rng_states() -> dict[str, object]:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         states["cuda"] = torch.cuda.get_rng_state_all()
     return states
+
+
+def gather_rng_states(all_gather: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, object]:
+    """Every rank's RNG states, stacked along a leading rank dimension (a collective: all
+    ranks call it). Resuming then gives each rank its own stream back, as if never stopped."""
+    own = rng_states()
+    gathered: dict[str, object] = {"per_rank": True, "numpy_pos": all_gather(torch.tensor([own["numpy_pos"]]))}
+    for key in ("torch", "python", "numpy"):
+        tensor = own[key]
+        assert isinstance(tensor, torch.Tensor)
+        gathered[key] = all_gather(tensor.to(torch.int64)).cpu()
+    if "cuda" in own:
+        gathered["cuda"] = own["cuda"]  # per device already; each rank restores its own device
+    return gathered
+
+
+def restore_rank_rng_states(states: dict[str, object], rank: int) -> None:
+    """Restore this rank's slice of `gather_rng_states`; a checkpoint from a different world size
+    gives ranks beyond the old world size the state of old rank 0."""
+    if not states.get("per_rank"):
+        restore_rng_states(states)
+        return
+    world = states["torch"].shape[0]  # type: ignore[attr-defined]
+    index = rank if rank < world else 0
+    restore_rng_states({
+        "torch": states["torch"][index].to(torch.uint8),  # type: ignore[index]
+        "python": states["python"][index],  # type: ignore[index]
+        "numpy": states["numpy"][index],  # type: ignore[index]
+        "numpy_pos": int(states["numpy_pos"][index]),  # type: ignore[index]
+        **({"cuda": states["cuda"]} if "cuda" in states else {}),
+    })
 
 
 def restore_rng_states(states: dict[str, object]) -> None:

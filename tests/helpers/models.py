@@ -67,3 +67,14 @@ class RegressionData(LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=self.batch_size)
+
+
+class DropoutRegressor(TinyRegressor):
+    """Randomness inside the step (dropout) makes every rank's RNG stream matter on resume."""
+
+    def __init__(self, features: int = 4, lr: float = 0.05, optimizer: str = "adam") -> None:
+        super().__init__(features, lr, optimizer)
+        self.hidden = nn.Sequential(nn.Linear(features, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.hidden(x)

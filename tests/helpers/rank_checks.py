@@ -34,3 +34,13 @@ class RankAgreement(Callback):
 
 def max_param_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
     return max(float((x.detach() - y.detach()).abs().max()) for x, y in zip(a.parameters(), b.parameters()))
+
+
+class SaveAtEnd(Callback):
+    """Every rank calls the collective `save_checkpoint` at the end of fit (rank 0 writes)."""
+
+    def __init__(self, path: Any) -> None:
+        self.path = path
+
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        trainer.save_checkpoint(self.path)
