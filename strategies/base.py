@@ -95,6 +95,11 @@ class Strategy(abc.ABC):
         return self.global_rank == 0
 
     @property
+    def restart_count(self) -> int:
+        """How often the launcher restarted this group after a failure (torch elastic sets it)."""
+        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+
+    @property
     def root_device(self) -> torch.device:
         if self.accelerator == "cuda":
             return torch.device("cuda", self.local_rank)

@@ -64,8 +64,12 @@ def init_process_group(environment: ClusterEnvironment, *, backend: str, device:
         return False
     _export_rendezvous_address(environment)
     try:
-        dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world_size,
-                                timeout=timeout)
+        store = _attempt_store(environment, timeout)
+        if store is None:
+            dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world_size,
+                                    timeout=timeout)
+        else:
+            dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
         # Gloo's init returns on a rank once *its* connections are up; without this barrier a
         # fast rank could finish and close them while a peer is still connecting.
         dist.barrier(device_ids=[device.index or 0] if device.type == "cuda" else None)
@@ -77,6 +81,18 @@ def init_process_group(environment: ClusterEnvironment, *, backend: str, device:
             f"world_size={world_size}, timeout={timeout}): {error}. Check that every rank was started "
             f"and can reach the address, or raise DDPStrategy(timeout=...).", rank)) from error
     return True
+
+
+def _attempt_store(environment: ClusterEnvironment, timeout: timedelta) -> dist.Store | None:
+    """Under torch elastic the workers rendezvous on the agent's store, which outlives a restart;
+    torch's env:// handler adds no per-attempt prefix (it assumes a fresh store), so a restarted
+    group can read the failed attempt's gloo addresses and never connect. Namespace the keys."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    client = dist.TCPStore(environment.main_address, environment.main_port, environment.world_size,
+                           is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"ddp_trainer/attempt_{attempt}", client)
 
 
 def destroy_process_group() -> None:

@@ -83,13 +83,24 @@ def restore_training_state(trainer: Any, module: Any, checkpoint: dict[str, Any]
         restore_rank_rng_states(checkpoint["rng_states"], trainer.global_rank)
 
 
-def resolve_ckpt_path(ckpt_path: str | None, checkpoint_dirs: list[str]) -> str | None:
-    """`"last"` -> the newest `*.ckpt` among the checkpoint directories (None if there is none)."""
-    if ckpt_path is None or ckpt_path != "last":
-        if ckpt_path is not None and not Path(ckpt_path).is_file():
-            raise CheckpointError(f"ckpt_path={ckpt_path!r} does not exist.")
-        return ckpt_path
-    from trainer.callbacks.model_checkpoint import resolve_last_checkpoint
+def checkpoint_candidates(dirpath: str | None) -> list[str]:
+    """`*.ckpt` files in `dirpath`, newest first (a `last*.ckpt` wins a tie: it is written right
+    after the top-k file of the same step)."""
+    if dirpath is None or not Path(dirpath).is_dir():
+        return []
+    files = [path for path in Path(dirpath).glob("*.ckpt") if path.is_file()]
+    files.sort(key=lambda path: (path.stat().st_mtime_ns, path.name.startswith("last")), reverse=True)
+    return [str(path) for path in files]
 
-    newest = [found for found in map(resolve_last_checkpoint, checkpoint_dirs) if found is not None]
-    return max(newest, key=lambda path: Path(path).stat().st_mtime_ns) if newest else None
+
+def resolve_ckpt_path(ckpt_path: str | None, checkpoint_dirs: list[str]) -> list[str]:
+    """The files to try, in order: `"last"` -> every checkpoint in the checkpoint directories,
+    newest first (an unreadable one is skipped by the caller); a path -> that file; None -> []."""
+    if ckpt_path is None:
+        return []
+    if ckpt_path != "last":
+        if not Path(ckpt_path).is_file():
+            raise CheckpointError(f"ckpt_path={ckpt_path!r} does not exist.")
+        return [ckpt_path]
+    candidates = [path for directory in checkpoint_dirs for path in checkpoint_candidates(directory)]
+    return sorted(candidates, key=lambda path: Path(path).stat().st_mtime_ns, reverse=True)

@@ -3,17 +3,29 @@
 Lightning's defaults: in `training_step` and the per-batch training hooks a value is logged
 per step; everywhere else (validation/test steps, epoch-end hooks) it is aggregated per epoch.
 With both `on_step` and `on_epoch`, the logger gets `name_step` and `name_epoch` while
-`callback_metrics[name]` holds the latest of the two. Values logged with `sync_dist=True` are
-reduced over ranks: every rank must log them (a collective).
+`callback_metrics[name]` holds the latest of the two.
+
+`sync_dist=True` values are reduced over ranks, so every rank must log the same sync_dist keys.
+They are batched: everything due at one sync point travels in ONE all-reduce (a stacked float64
+vector), never one collective per key. The sync points are fixed places in the loop that every
+rank reaches alike: `sync_pending()` after a training step's hooks, and `compute_epoch()`
+at epoch end. Epoch values are exact global aggregates (sums of value x batch size and of batch
+sizes, not a mean of per-rank means), so at world size N they equal one process on the same data.
+
+Evaluation shards may be uneven (one batch more on some ranks), so evaluation issues no
+collective per batch: a step-level `sync_dist` value logged during validation/test is published
+as this rank's own value (with a one-time warning) and only the epoch value is synced.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
+
+from strategies.rank_zero import rank_zero_warn
 
 _STEP_HOOKS = {
     "training_step", "on_train_batch_start", "on_train_batch_end", "on_before_backward",
@@ -22,6 +34,18 @@ _STEP_HOOKS = {
 _REDUCE_NAMES: dict[Any, str] = {"mean": "mean", "sum": "sum", "max": "max", "min": "min",
                                  torch.mean: "mean", torch.sum: "sum", torch.max: "max", torch.min: "min"}
 Reducer = Callable[[torch.Tensor, str], torch.Tensor]
+_Request = tuple[str, torch.Tensor]  # (op: "sum" | "max" | "min", float64 scalar)
+
+
+class RankInfo(Protocol):
+    """What the store needs to pack max/min values into the same all-reduce as the sums (a
+    Strategy satisfies it)."""
+
+    @property
+    def global_rank(self) -> int: ...
+
+    @property
+    def world_size(self) -> int: ...
 
 
 def stage_of(fx: str) -> str:
@@ -55,12 +79,19 @@ class _Entry:
 
 
 class MetricStore:
-    """Owned by the Trainer; `LightningModule.log` calls `log`. `reduce` is the strategy's."""
+    """Owned by the Trainer; `LightningModule.log` calls `log`. `reduce` is the strategy's.
 
-    def __init__(self, reduce: Reducer) -> None:
+    `ranks` (the strategy) lets max/min values share the single all-reduce with the sums; without
+    it they take a second one.
+    """
+
+    def __init__(self, reduce: Reducer, ranks: RankInfo | None = None) -> None:
         self._reduce = reduce
+        self._ranks = ranks
         self._entries: dict[tuple[str, str], _Entry] = {}
         self._step_logs: dict[str, float] = {}
+        self._pending_steps: dict[str, tuple[_Entry, torch.Tensor]] = {}
+        self._warned: set[tuple[str, str]] = set()
         self.current_batch_size: int | None = None
         self.callback_metrics: dict[str, torch.Tensor] = {}
         self.progress_bar_metrics: dict[str, float] = {}
@@ -80,10 +111,21 @@ class MetricStore:
             return
         tensor = _as_scalar(name, value)
         if entry.on_step:
-            step_value = self._reduce(tensor, entry.reduce_fx) if sync_dist else tensor
-            self._publish(entry, entry.keys()[0], step_value, to_logger=True)
+            self._log_step_value(entry, tensor, sync_dist)
         if entry.on_epoch:
             self._accumulate(entry, tensor, batch_size or self.current_batch_size or 1)
+
+    def _log_step_value(self, entry: _Entry, tensor: torch.Tensor, sync_dist: bool) -> None:
+        key = entry.keys()[0]
+        if sync_dist and entry.stage == "train":
+            self._pending_steps[key] = (entry, tensor.detach())  # published by the next sync_pending()
+            return
+        if sync_dist and (entry.stage, entry.name) not in self._warned:
+            self._warned.add((entry.stage, entry.name))
+            rank_zero_warn(f"self.log({entry.name!r}, on_step=True, sync_dist=True) during {entry.stage}: the "
+                           f"step value is this rank's own, not synced (evaluation shards may be uneven, so a "
+                           f"per-batch collective could hang); the epoch value is synced exactly.")
+        self._publish(entry, key, tensor, to_logger=True)
 
     def _entry(self, fx: str, name: str, stage: str, on_step: bool, on_epoch: bool, prog_bar: bool,
                logger: bool, reduce_fx: Any, sync_dist: bool) -> _Entry:
@@ -114,7 +156,8 @@ class MetricStore:
         elif entry.reduce_fx == "sum":
             entry.total = entry.total + value
         else:
-            entry.total = torch.maximum(entry.total, value) if entry.reduce_fx == "max" else torch.minimum(entry.total, value)
+            extreme = torch.maximum if entry.reduce_fx == "max" else torch.minimum
+            entry.total = extreme(entry.total, value)
         entry.weight += batch_size
         entry.pending_epoch = True
 
@@ -128,6 +171,21 @@ class MetricStore:
             self._step_logs[key] = float(scalar)
 
     # ------------------------------------------------------------------ loop interface
+    def sync_pending(self) -> None:
+        """Reduce every step value logged with sync_dist since the last call, in one collective,
+        and publish them. Every rank must call it at the same point of the loop."""
+        if not self._pending_steps:
+            return
+        pending = sorted(self._pending_steps.items())
+        self._pending_steps = {}
+        requests: list[_Request] = [("sum", _f64(1.0))]  # the sum of ones counts the ranks
+        for _, (entry, value) in pending:
+            requests.append(("sum" if entry.reduce_fx == "mean" else entry.reduce_fx, _f64(value)))
+        reduced = self._reduce_many(requests)
+        ranks = reduced[0]
+        for (key, (entry, _)), value in zip(pending, reduced[1:]):
+            self._publish(entry, key, value / ranks if entry.reduce_fx == "mean" else value, to_logger=True)
+
     def reset_stage(self, stage: str) -> None:
         """Forget epoch accumulators of `stage` (called at the start of its epoch)."""
         for key in [k for k in self._entries if k[0] == stage]:
@@ -136,27 +194,72 @@ class MetricStore:
                 entry.metric.reset()
 
     def compute_epoch(self, stage: str) -> None:
-        """Aggregate what `stage` logged since the last call (sync over ranks in a fixed
-        order, so every rank issues the same collectives) and publish it."""
-        for key in sorted(k for k in self._entries if k[0] == stage):
-            entry = self._entries[key]
-            if not entry.pending_epoch:
-                continue
+        """Aggregate what `stage` logged since the last call and publish it: plain values in one
+        collective, then torchmetrics objects (each syncs itself), in sorted key order, so every
+        rank issues the same collectives in the same order."""
+        self.sync_pending()
+        due = [self._entries[key] for key in sorted(k for k in self._entries if k[0] == stage)
+               if self._entries[key].pending_epoch]
+        for entry in due:
             entry.pending_epoch = False
-            self._publish(entry, entry.keys()[1], self._epoch_value(entry), to_logger=True)
+        plain = [entry for entry in due if entry.metric is None]
+        values = dict(zip((entry.name for entry in plain), self._plain_epoch_values(plain)))
+        for entry in due:
+            value = values[entry.name] if entry.metric is None else self._metric_epoch_value(entry)
+            self._publish(entry, entry.keys()[1], value, to_logger=True)
 
-    def _epoch_value(self, entry: _Entry) -> torch.Tensor:
-        if entry.metric is not None:
-            value = _as_scalar(entry.name, entry.metric.compute())
-            entry.metric.reset()
-            return value
-        assert entry.total is not None  # pending_epoch implies an accumulated value
-        total, weight = entry.total, torch.tensor(entry.weight, dtype=torch.float64)
-        if entry.sync_dist:
-            op = entry.reduce_fx if entry.reduce_fx in ("max", "min") else "sum"
-            total = self._reduce(total, op)
-            weight = self._reduce(weight, "sum") if entry.reduce_fx == "mean" else weight
-        return total / weight if entry.reduce_fx == "mean" else total
+    def _plain_epoch_values(self, entries: list[_Entry]) -> list[torch.Tensor]:
+        """Epoch values of self.log'd numbers; the sync_dist ones reduced in one collective."""
+        totals = [_accumulated(entry) for entry in entries]
+        requests: list[_Request] = []
+        for entry, total in zip(entries, totals):
+            if entry.sync_dist:
+                requests.append(("sum" if entry.reduce_fx == "mean" else entry.reduce_fx, total))
+                if entry.reduce_fx == "mean":
+                    requests.append(("sum", _f64(entry.weight)))
+        reduced = iter(self._reduce_many(requests) if requests else [])
+        values = []
+        for entry, total in zip(entries, totals):
+            if entry.sync_dist:
+                total = next(reduced)
+            if entry.reduce_fx == "mean":
+                total = total / (next(reduced) if entry.sync_dist else _f64(entry.weight))
+            values.append(total)
+        return values
+
+    @staticmethod
+    def _metric_epoch_value(entry: _Entry) -> torch.Tensor:
+        value = _as_scalar(entry.name, entry.metric.compute())  # torchmetrics syncs its states here
+        entry.metric.reset()
+        return value
+
+    def _reduce_many(self, requests: list[_Request]) -> list[torch.Tensor]:
+        """Reduce scalars of mixed ops over ranks in ONE all-reduce: sums stacked as they are,
+        max/min values placed in this rank's row of a (world, k) block of zeros, so summing
+        gathers them (x + 0 is exact) and each rank takes the max/min of the rows itself."""
+        sums = [value for op, value in requests if op == "sum"]
+        extremes = [(op, value) for op, value in requests if op != "sum"]
+        if extremes and self._ranks is None:
+            return self._reduce_two_collectives(requests)
+        rank, world = (self._ranks.global_rank, self._ranks.world_size) if self._ranks else (0, 1)
+        buffer = torch.zeros(len(sums) + world * len(extremes), dtype=torch.float64)
+        buffer[:len(sums)] = torch.stack(sums) if sums else buffer[:0]
+        if extremes:
+            start = len(sums) + rank * len(extremes)
+            buffer[start:start + len(extremes)] = torch.stack([value for _, value in extremes])
+        reduced = self._reduce(buffer, "sum").to(torch.float64)
+        summed = iter(reduced[:len(sums)])
+        rows = reduced[len(sums):].reshape(world, len(extremes))
+        gathered = iter((rows[:, i].max() if op == "max" else rows[:, i].min()) for i, (op, _) in enumerate(extremes))
+        return [next(summed) if op == "sum" else next(gathered) for op, _ in requests]
+
+    def _reduce_two_collectives(self, requests: list[_Request]) -> list[torch.Tensor]:
+        """Fallback without rank information: sums in one all-reduce, max/min (min negated) in one."""
+        sums = [value for op, value in requests if op == "sum"]
+        signed = [value if op == "max" else -value for op, value in requests if op != "sum"]
+        summed = iter(self._reduce(torch.stack(sums), "sum") if sums else ())
+        maxed = iter(self._reduce(torch.stack(signed), "max"))
+        return [next(summed) if op == "sum" else (next(maxed) if op == "max" else -next(maxed)) for op, _ in requests]
 
     def epoch_keys(self, stage: str) -> list[str]:
         """The epoch-level keys `stage` logged (what `validate()`/`test()` return)."""
@@ -164,7 +267,8 @@ class MetricStore:
                       if entry_stage == stage and entry.on_epoch)
 
     def pop_logger_metrics(self) -> dict[str, float]:
-        """Values due for the logger since the last call; the Trainer writes them on rank 0."""
+        """Values due for the logger since the last call; the Trainer writes them on rank 0.
+        Never a collective (rank 0 alone calls it when finalising loggers)."""
         metrics, self._step_logs = self._step_logs, {}
         self.logged_metrics.update(metrics)
         return metrics
@@ -174,6 +278,18 @@ class MetricStore:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.callback_metrics.update(state.get("callback_metrics", {}))
+
+
+def _accumulated(entry: _Entry) -> torch.Tensor:
+    if entry.total is None:  # pending_epoch is only set together with a total
+        raise RuntimeError(f"metric {entry.name!r} is due for its epoch value but has none; this is a bug.")
+    return entry.total
+
+
+def _f64(value: Any) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value.detach().to(device="cpu", dtype=torch.float64).reshape(())
+    return torch.tensor(float(value), dtype=torch.float64)
 
 
 def _is_metric(value: Any) -> bool:

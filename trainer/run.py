@@ -187,16 +187,23 @@ def _configure_optimizers(trainer: Any, module: nn.Module) -> None:
 
 
 def _restore_for_fit(trainer: Any, module: nn.Module, ckpt_path: str | None) -> None:
+    if ckpt_path is None and trainer.strategy.restart_count > 0:
+        ckpt_path = "last"  # an elastic restart resumes from the newest checkpoint by itself
     dirs = [cb.dirpath or os.path.join(trainer.log_dir, "checkpoints") for cb in trainer.checkpoint_callbacks]
-    path = checkpointing.resolve_ckpt_path(ckpt_path, [d for d in dirs if d])
-    if ckpt_path == "last" and path is None:
-        warnings.warn(f"ckpt_path='last' found no checkpoint in {dirs}; training starts from scratch.", stacklevel=2)
+    for path in checkpointing.resolve_ckpt_path(ckpt_path, [d for d in dirs if d]):
+        try:
+            checkpoint = _load(trainer, path)
+        except CheckpointError as error:
+            if ckpt_path != "last":
+                raise
+            warnings.warn(f"ckpt_path='last': skipping unreadable {path}: {error}", stacklevel=2)
+            continue
+        checkpointing.restore_module(trainer.strategy.unwrap(module), checkpoint, path)
+        checkpointing.restore_training_state(trainer, module, checkpoint, path)
         return
-    if path is None:
-        return
-    checkpoint = _load(trainer, path)
-    checkpointing.restore_module(trainer.strategy.unwrap(module), checkpoint, path)
-    checkpointing.restore_training_state(trainer, module, checkpoint, path)
+    if ckpt_path == "last":
+        warnings.warn(f"ckpt_path='last' found no readable checkpoint in {dirs}; training starts from scratch.",
+                      stacklevel=2)
 
 
 def _restore_weights(trainer: Any, module: nn.Module, ckpt_path: str | None) -> None:
@@ -208,8 +215,9 @@ def _restore_weights(trainer: Any, module: nn.Module, ckpt_path: str | None) -> 
         if not ckpt_path:
             raise CheckpointError("ckpt_path='best' but no best checkpoint is known; fit with a ModelCheckpoint first.")
     else:
-        ckpt_path = checkpointing.resolve_ckpt_path(ckpt_path, [cb.dirpath for cb in trainer.checkpoint_callbacks
-                                                                if cb.dirpath])
+        paths = checkpointing.resolve_ckpt_path(ckpt_path, [cb.dirpath for cb in trainer.checkpoint_callbacks
+                                                             if cb.dirpath])
+        ckpt_path = paths[0] if paths else None
     if ckpt_path is not None:
         checkpointing.restore_module(trainer.strategy.unwrap(module), _load(trainer, ckpt_path), ckpt_path)
 

@@ -75,6 +75,7 @@ class Trainer:
         num_sanity_val_steps: int = 0,
         use_distributed_sampler: bool = True,
         benchmark: bool | None = None,
+        on_nonfinite: str = "error",
     ) -> None:
         devices = 1 if devices == "auto" else devices
         validate_trainer_args(locals())
@@ -97,6 +98,7 @@ class Trainer:
         self.deterministic, self.benchmark = deterministic, benchmark
         self.enable_model_summary = enable_model_summary
         self.use_distributed_sampler = use_distributed_sampler
+        self.on_nonfinite = on_nonfinite
 
         self.strategy = resolve_strategy(strategy, self.num_devices, self.num_nodes)
         self.strategy.configure(accelerator=None if accelerator == "auto" else accelerator,

@@ -33,6 +33,8 @@ def validate_trainer_args(args: dict[str, Any]) -> None:
         raise ValueError(f"check_val_every_n_epoch={every!r}; expected None or an int >= 1.")
     for name in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches"):
         _check_limit(name, args[name])
+    if args["on_nonfinite"] not in ("error", "skip", "ignore"):
+        raise ValueError(f"on_nonfinite={args['on_nonfinite']!r}; expected 'error', 'skip' or 'ignore'.")
     fast = args["fast_dev_run"]
     if isinstance(fast, bool) is False and (not isinstance(fast, int) or fast < 0):
         raise ValueError(f"fast_dev_run={fast!r}; expected a bool or an int >= 0.")

@@ -78,3 +78,28 @@ class DropoutRegressor(TinyRegressor):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.hidden(x)
+
+
+class CrashOnceRegressor(TinyRegressor):
+    """Rank 1 dies at `crash_step` in the first attempt only (torch elastic counts restarts)."""
+
+    def __init__(self, crash_step: int = 5, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.crash_step = crash_step
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        import os
+
+        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        if first_attempt and self.global_rank == 1 and self.global_step == self.crash_step:
+            raise RuntimeError("injected failure")
+        return super().training_step(batch, batch_idx)
+
+
+class RankLocalDrift(TinyRegressor):
+    """A rank-dependent bug: rank 1 nudges a parameter after its optimizer step."""
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.global_rank == 1 and self.global_step == 3:
+            with torch.no_grad():
+                self.layer.bias.add_(1e-3)

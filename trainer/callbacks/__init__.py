@@ -1,9 +1,10 @@
 """Callbacks with Lightning's names, arguments and meanings."""
 
 from trainer.callbacks.base import Callback
+from trainer.callbacks.divergence import DivergenceError, DivergenceGuard
 from trainer.callbacks.early_stopping import EarlyStopping
 from trainer.callbacks.lr_monitor import LearningRateMonitor
 from trainer.callbacks.model_checkpoint import ModelCheckpoint
 from trainer.callbacks.progress import TQDMProgressBar
 
-__all__ = ["Callback", "EarlyStopping", "LearningRateMonitor", "ModelCheckpoint", "TQDMProgressBar"]
+__all__ = ["Callback", "DivergenceError", "DivergenceGuard", "EarlyStopping", "LearningRateMonitor", "ModelCheckpoint", "TQDMProgressBar"]

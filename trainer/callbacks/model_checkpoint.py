@@ -24,16 +24,11 @@ _WORSE = {"min": math.inf, "max": -math.inf}
 
 
 def resolve_last_checkpoint(dirpath: str | os.PathLike[str] | None) -> str | None:
-    """The file `fit(ckpt_path="last")` resumes from: the newest `*.ckpt` in `dirpath` by
-    modification time (a `last*.ckpt` wins a tie: it is written right after the top-k file),
-    or None when there is none."""
-    if dirpath is None or not os.path.isdir(dirpath):
-        return None
-    files = [path for path in Path(dirpath).glob("*.ckpt") if path.is_file()]
-    if not files:
-        return None
-    last = ModelCheckpoint.CHECKPOINT_NAME_LAST
-    return str(max(files, key=lambda path: (path.stat().st_mtime_ns, path.name.startswith(last))))
+    """The newest `*.ckpt` in `dirpath` (what `fit(ckpt_path="last")` tries first), or None."""
+    from trainer.checkpointing import checkpoint_candidates
+
+    candidates = checkpoint_candidates(None if dirpath is None else os.fspath(dirpath))
+    return candidates[0] if candidates else None
 
 
 def run_on_train_epoch_end(trainer: Any, explicit: bool | None) -> bool:

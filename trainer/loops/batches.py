@@ -1,11 +1,27 @@
-"""How many batches a stage runs (limit_*_batches, fast_dev_run) and device placement."""
+"""How many batches a stage runs (limit_*_batches, fast_dev_run), device placement, and
+stopping together on uneven training data.
+
+Uneven inputs (Join-style): a training loader over an `IterableDataset` cannot be padded, so
+ranks may hold different numbers of batches, and a rank that runs out would leave its peers
+waiting forever in the next gradient all-reduce. Instead, before each batch every rank says
+whether it still has one (one 1-element all-reduce, MIN) and all stop at the first batch some
+rank lacks: the epoch ends for everyone together, and the surplus batches of the longer ranks
+are dropped for that epoch (like `drop_last`). Map-style data is padded by the sampler instead
+and pays nothing.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
+import torch
+from torch.utils.data import IterableDataset
+
 from trainer.precision import move_to_device
+
+_EVAL_STAGES = ("validate", "test", "predict")
+_EXHAUSTED = object()  # "this rank has no batch left"
 
 _LIMIT_ATTR = {"train": "limit_train_batches", "validate": "limit_val_batches",
                "test": "limit_test_batches", "predict": "limit_predict_batches"}
@@ -19,7 +35,10 @@ def num_batches(trainer: Any, loader: Any, stage: str) -> int:
     except TypeError:  # an iterable dataset: only an int limit can bound it
         return int(limit) if isinstance(limit, int) else -1
     if isinstance(limit, float):
-        return int(available * limit)
+        limited = int(available * limit)
+        # Evaluation shards may differ by a batch: never let a fraction round one rank down to
+        # no batch at all, or it would skip the stage (and its epoch-end sync) alone.
+        return max(limited, 1) if stage in _EVAL_STAGES and limit > 0 and available > 0 else limited
     return min(available, int(limit))
 
 
@@ -33,7 +52,10 @@ def iterate_limited(trainer: Any, loader: Any, stage: str, skip: int = 0) -> Ite
     if limit == 0:
         return
     device = trainer.strategy.root_device
-    for batch_idx, batch in enumerate(loader):
+    batches: Iterable[Any] = loader
+    if stage == "train" and trainer.world_size > 1 and _may_be_uneven(loader):
+        batches = stop_together(trainer.strategy, loader)
+    for batch_idx, batch in enumerate(batches):
         if 0 <= limit <= batch_idx:
             break
         if batch_idx < skip:
@@ -41,6 +63,23 @@ def iterate_limited(trainer: Any, loader: Any, stage: str, skip: int = 0) -> Ite
         batch = trainer.precision_plugin.convert_input(move_to_device(batch, device))
         trainer.metric_store.current_batch_size = _batch_size(batch)
         yield batch_idx, batch
+
+
+def _may_be_uneven(loader: Any) -> bool:
+    """Iterable-style data has no indices to pad, so its per-rank lengths are not ours to equalise."""
+    return isinstance(getattr(loader, "dataset", None), IterableDataset) or not hasattr(loader, "__len__")
+
+
+def stop_together(strategy: Any, loader: Iterable[Any]) -> Iterator[Any]:
+    """Yield batches while *every* rank still has one; see the module docstring. Each rank must
+    iterate it the same number of times (the fit loop does: it breaks on shared conditions)."""
+    iterator = iter(loader)
+    while True:
+        batch = next(iterator, _EXHAUSTED)
+        have = torch.tensor([0 if batch is _EXHAUSTED else 1], dtype=torch.int32)
+        if int(strategy.reduce(have, "min").item()) == 0:
+            return
+        yield batch
 
 
 def _batch_size(batch: Any) -> int | None:

@@ -1,4 +1,13 @@
-"""Validation, test and predict loops: eval mode, no gradients, metrics aggregated per epoch."""
+"""Validation, test and predict loops: eval mode, no gradients, metrics aggregated per epoch.
+
+Exactly-once evaluation: under DDP each rank iterates an unpadded shard (the strategy's
+`process_dataloader(..., for_training=False)`), so ranks may run different numbers of batches.
+That is safe because nothing below issues a collective per batch: the only collectives of a
+stage are the metric store's epoch-end syncs (`compute_epoch`, called at the same two points on
+every rank: before and after `on_*_epoch_end`), each one all-reduce for every plain value plus
+the torchmetrics objects' own syncs, in sorted key order. Step-level `sync_dist` values logged
+here stay rank-local (see trainer/logged_metrics.py).
+"""
 
 from __future__ import annotations
 

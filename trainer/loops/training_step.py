@@ -7,6 +7,7 @@ Every hook and every strategy call of a training step is visible in `run_trainin
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -55,6 +56,9 @@ def _optimizer_step(trainer: Any, module: nn.Module, batch_idx: int, output: Any
     optimizer = trainer.optimizers[0]
     callbacks, precision = trainer.callback_list, trainer.precision_plugin
     precision.unscale(optimizer)
+    if not _gradients_usable(trainer, optimizer, output):
+        callbacks.call_module("optimizer_zero_grad", module, trainer.current_epoch, batch_idx, optimizer)
+        return
     callbacks.call("on_before_optimizer_step", trainer, module, optimizer)
     if trainer.gradient_clip_val:
         callbacks.call_module("configure_gradient_clipping", module, optimizer,
@@ -66,6 +70,29 @@ def _optimizer_step(trainer: Any, module: nn.Module, batch_idx: int, output: Any
     step_schedulers(trainer, module, "step")
     callbacks.call("on_before_zero_grad", trainer, module, optimizer)
     callbacks.call_module("optimizer_zero_grad", module, trainer.current_epoch, batch_idx, optimizer)
+
+
+def _gradients_usable(trainer: Any, optimizer: Any, output: Any) -> bool:
+    """Non-finite gradients: raise naming the step and the ranks whose loss was non-finite, or
+    skip the step (`on_nonfinite="skip"`). Gradients are identical on every rank after the
+    reduction, so every rank takes the same branch. A GradScaler handles overflow itself."""
+    if trainer.on_nonfinite == "ignore" or trainer.precision_plugin.scaler is not None:
+        return True
+    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    if not grads or bool(torch.isfinite(torch.nn.utils.get_total_norm(grads))):
+        return True
+    if trainer.on_nonfinite == "skip":
+        warnings.warn(f"step {trainer.global_step}: non-finite gradients, optimizer step skipped "
+                      "(on_nonfinite='skip').", stacklevel=2)
+        return False
+    loss = extract_loss(output)
+    finite = torch.tensor([1.0 if loss is None or bool(torch.isfinite(loss.detach()).all()) else 0.0])
+    flags = trainer.strategy.all_gather(finite.to(trainer.strategy.root_device)).flatten().tolist()
+    culprits = [rank for rank, flag in enumerate(flags) if flag == 0.0]
+    where = f"the loss was non-finite on rank(s) {culprits}" if culprits else "every rank's loss was finite"
+    raise FloatingPointError(f"step {trainer.global_step}, epoch {trainer.current_epoch}: gradients are NaN/inf "
+                             f"after the reduction; {where}. Lower the learning rate, clip gradients, check the "
+                             "data, or pass on_nonfinite='skip' to skip such steps.")
 
 
 def _run_manual_batch(trainer: Any, module: nn.Module, batch: Any, batch_idx: int) -> Any:

@@ -51,7 +51,7 @@ def test_reduce_fx(reduce_fx: object, expected: float) -> None:
     assert float(store.callback_metrics["m"]) == expected
 
 
-def test_sync_dist_reduces_sum_and_weight() -> None:
+def test_sync_dist_reduces_sum_and_weight_in_one_collective() -> None:
     calls = []
 
     def fake_reduce(tensor: torch.Tensor, op: str) -> torch.Tensor:
@@ -60,7 +60,7 @@ def test_sync_dist_reduces_sum_and_weight() -> None:
     store = MetricStore(fake_reduce)
     store.log("validation_step", "v", 3.0, sync_dist=True, batch_size=4)
     store.compute_epoch("validate")
-    assert calls == ["sum", "sum"] and float(store.callback_metrics["v"]) == 3.0
+    assert calls == ["sum"] and float(store.callback_metrics["v"]) == 3.0  # (sum, weight) stacked
 
 
 def test_torchmetrics_metric_is_computed_and_reset_at_epoch_end() -> None:

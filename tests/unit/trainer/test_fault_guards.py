@@ -1,0 +1,72 @@
+"""Single-process fault handling: non-finite gradients, unreadable checkpoints, restarts."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.helpers.models import RegressionData, TinyRegressor
+from trainer import Trainer
+from trainer.callbacks import DivergenceGuard, ModelCheckpoint
+
+
+class NaNAtStep(TinyRegressor):
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        return loss * float("nan") if self.global_step == 3 else loss
+
+
+def _trainer(tmp_path: Path, **kwargs: Any) -> Trainer:
+    defaults = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                    enable_model_summary=False, default_root_dir=tmp_path, max_epochs=1)
+    return Trainer(**{**defaults, **kwargs})
+
+
+def test_nonfinite_gradients_raise_naming_step_and_rank(tmp_path: Path) -> None:
+    with pytest.raises(FloatingPointError, match=r"step 3, epoch 0: .*non-finite on rank\(s\) \[0\]"):
+        _trainer(tmp_path).fit(NaNAtStep(), datamodule=RegressionData())
+
+
+def test_nonfinite_gradients_can_be_skipped(tmp_path: Path) -> None:
+    model = NaNAtStep()
+    with pytest.warns(UserWarning, match="step 3: non-finite gradients, optimizer step skipped"):
+        _trainer(tmp_path, on_nonfinite="skip", max_steps=6).fit(model, datamodule=RegressionData())
+    assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
+def test_divergence_guard_passes_on_one_process(tmp_path: Path) -> None:
+    guard = DivergenceGuard(every_n_steps=2)
+    _trainer(tmp_path, callbacks=[guard]).fit(TinyRegressor(), datamodule=RegressionData())
+    assert guard.checks == 4  # steps 2, 4, 6, 8
+    with pytest.raises(ValueError, match="every_n_steps"):
+        DivergenceGuard(every_n_steps=0)
+
+
+def test_last_skips_an_unreadable_checkpoint(tmp_path: Path) -> None:
+    checkpoints = tmp_path / "ckpts"
+    trainer = _trainer(tmp_path, callbacks=[ModelCheckpoint(dirpath=checkpoints, save_top_k=-1)],
+                       enable_checkpointing=True)
+    trainer.fit(TinyRegressor(), datamodule=RegressionData())
+    broken = checkpoints / "newer.ckpt"
+    broken.write_bytes(b"not a checkpoint")
+    os.utime(broken, (1e10, 1e10))  # newest by far
+    resumed = _trainer(tmp_path, callbacks=[ModelCheckpoint(dirpath=checkpoints)], enable_checkpointing=True,
+                       max_epochs=2)
+    with pytest.warns(UserWarning, match="skipping unreadable .*newer.ckpt"):
+        resumed.fit(TinyRegressor(), datamodule=RegressionData(), ckpt_path="last")
+    assert resumed.global_step == 16  # continued from the end of epoch 0 (8 steps), not from scratch
+
+
+def test_restarted_group_resumes_from_last_by_itself(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    checkpoints = tmp_path / "ckpts"
+    _trainer(tmp_path, callbacks=[ModelCheckpoint(dirpath=checkpoints)], enable_checkpointing=True).fit(
+        TinyRegressor(), datamodule=RegressionData())
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    trainer = _trainer(tmp_path, callbacks=[ModelCheckpoint(dirpath=checkpoints)], enable_checkpointing=True,
+                       max_epochs=2)
+    trainer.fit(TinyRegressor(), datamodule=RegressionData())
+    assert trainer.global_step == 16

@@ -1,0 +1,169 @@
+"""TelemetryMonitor: where each training step's time goes, to the loggers and the progress bar.
+
+The callback times the compute phases itself from the hooks around them (no change to the
+loops, no device synchronisation):
+
+    on_train_batch_start ─ forward ─▶ on_before_backward ─ backward (+ exposed comm) ─▶
+    on_after_backward ─ ... ─▶ on_before_optimizer_step ─ clip, step, zero_grad ─▶ on_train_batch_end
+
+and reads the communication side from `trainer.strategy.summary()["reducer"]` (present with
+`DDPStrategy`): exposed communication (waiting for all-reduce after backward ended), total
+communication, overlap = 1 - exposed / total, and the bucket plan. Every `log_every_n_steps`
+optimizer steps it logs window averages (per optimizer step, in ms) under `telemetry/`, and
+shows overlap % and exposed ms in the progress bar; at the end of fit global rank 0 prints one
+line for the whole run. Times are host times: on CUDA they show when work was issued.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, fields
+from typing import Any
+
+from typing_extensions import override
+
+from trainer.callbacks.base import Callback
+
+PREFIX = "telemetry/"
+
+
+@dataclass
+class _Window:
+    """Sums over optimizer steps since the last report (seconds)."""
+
+    steps: int = 0
+    forward: float = 0.0
+    backward: float = 0.0  # on_before_backward -> on_after_backward: compute + exposed communication
+    optimizer: float = 0.0
+    step: float = 0.0
+
+    def add(self, other: _Window) -> None:
+        for item in fields(self):
+            setattr(self, item.name, getattr(self, item.name) + getattr(other, item.name))
+
+
+class TelemetryMonitor(Callback):
+    """Per-step forward / backward / exposed communication / optimizer times and overlap %.
+
+    `prog_bar` puts `overlap` (%) and `exposed_ms` into `trainer.progress_bar_metrics`;
+    `print_summary` prints one line on global rank 0 when fit ends.
+    """
+
+    def __init__(self, prog_bar: bool = True, print_summary: bool = True) -> None:
+        self.prog_bar, self.print_summary = prog_bar, print_summary
+        self._marks: dict[str, float] = {}
+        self._window, self._fit = _Window(), _Window()
+        self._comm_seen = {"synced_steps": 0, "exposed_comm_s_total": 0.0, "comm_s_total": 0.0}
+        self._comm_fit = {"synced_steps": 0, "exposed_comm_s_total": 0.0, "comm_s_total": 0.0}
+        self._steps_before = 0
+        self.last_report: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ timing hooks
+    @override
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self._comm_seen = self._comm_fit = _comm_totals(_reducer_summary(trainer))
+
+    @override
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self._marks = {"start": time.perf_counter()}
+        self._steps_before = trainer.global_step
+
+    @override
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+        self._marks["before_backward"] = time.perf_counter()
+
+    @override
+    def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
+        self._marks["after_backward"] = time.perf_counter()
+
+    @override
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        self._marks["before_optimizer"] = time.perf_counter()
+
+    @override
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        end, marks = time.perf_counter(), self._marks
+        start = marks.get("start", end)
+        backward_start = marks.get("before_backward", end)
+        window = self._window
+        window.forward += backward_start - start
+        window.backward += marks.get("after_backward", backward_start) - backward_start
+        window.step += end - start
+        if "before_optimizer" in marks:
+            window.optimizer += end - marks["before_optimizer"]
+        if trainer.global_step == self._steps_before:
+            return  # a micro-batch inside an accumulation window: the step is not complete yet
+        window.steps += trainer.global_step - self._steps_before
+        if trainer.global_step % max(1, trainer.log_every_n_steps) == 0:
+            self._report(trainer)
+
+    @override
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        if self._window.steps:
+            self._report(trainer)
+        if self.print_summary and trainer.is_global_zero and self._fit.steps:
+            trainer.print(self.summary_line(trainer))
+
+    # ------------------------------------------------------------------ reporting
+    def _report(self, trainer: Any) -> None:
+        reducer = _reducer_summary(trainer)
+        comm = _comm_totals(reducer)
+        metrics = _window_metrics(self._window, _delta(comm, self._comm_seen), reducer)
+        self._comm_seen = comm
+        self._fit.add(self._window)
+        self._window = _Window()
+        self.last_report = metrics
+        if self.prog_bar and "overlap_pct" in metrics:
+            trainer.progress_bar_metrics["overlap"] = round(metrics["overlap_pct"], 1)
+            trainer.progress_bar_metrics["exposed_ms"] = round(metrics["exposed_comm_ms"], 2)
+        if trainer.is_global_zero:
+            logged = {PREFIX + key: value for key, value in metrics.items()}
+            for logger in trainer.loggers:
+                logger.log_metrics(logged, step=trainer.global_step)
+
+    def summary_line(self, trainer: Any) -> str:
+        """One line for the whole fit: mean step split into phases, overlap and the bucket plan."""
+        reducer = _reducer_summary(trainer)
+        totals = _delta(_comm_totals(reducer), self._comm_fit)
+        metrics = _window_metrics(self._fit, totals, reducer)
+        line = (f"telemetry: {self._fit.steps} steps, {metrics['step_ms']:.1f} ms/step = forward "
+                f"{metrics['forward_ms']:.1f} + backward {metrics['backward_ms']:.1f}")
+        if reducer is None:
+            return line + f" + optimizer {metrics['optimizer_ms']:.1f} (+ other)"
+        line += (f" + exposed comm {metrics['exposed_comm_ms']:.1f} + optimizer {metrics['optimizer_ms']:.1f}"
+                 f" (+ other) | comm {metrics['comm_ms']:.1f} ms, overlap {metrics['overlap_pct']:.0f}%")
+        sizes = ", ".join(f"{size:.2f}" for size in reducer["bucket_sizes_mib"])
+        autotune = reducer.get("autotune") or {}
+        cap = f"auto -> {autotune.get('chosen_mb')}" if autotune else reducer.get("bucket_cap_mb")
+        return line + f" | {reducer['buckets']} buckets [{sizes}] MiB, bucket_cap_mb={cap}"
+
+
+def _reducer_summary(trainer: Any) -> dict[str, Any] | None:
+    summary = trainer.strategy.summary()
+    reducer = summary.get("reducer") if isinstance(summary, dict) else None
+    return reducer if isinstance(reducer, dict) else None
+
+
+def _comm_totals(reducer: dict[str, Any] | None) -> dict[str, float]:
+    keys = ("synced_steps", "exposed_comm_s_total", "comm_s_total")
+    return {key: float(reducer.get(key, 0.0)) if reducer else 0.0 for key in keys}
+
+
+def _delta(now: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {key: now[key] - before.get(key, 0.0) for key in now}
+
+
+def _window_metrics(window: _Window, comm: dict[str, float], reducer: dict[str, Any] | None) -> dict[str, float]:
+    """Per optimizer step, in ms; backward excludes the exposed communication it waited for."""
+    steps = max(1, window.steps)
+    ms = 1e3 / steps
+    metrics = {"step_ms": window.step * ms, "forward_ms": window.forward * ms, "optimizer_ms": window.optimizer * ms}
+    exposed = comm["exposed_comm_s_total"] if reducer is not None else 0.0
+    metrics["backward_ms"] = max(0.0, window.backward - exposed) * ms
+    if reducer is None:
+        return metrics
+    total = comm["comm_s_total"]
+    metrics.update(exposed_comm_ms=exposed * ms, comm_ms=total * ms,
+                   overlap_pct=100.0 * (min(1.0, max(0.0, 1.0 - exposed / total)) if total > 0 else 1.0),
+                   buckets=float(reducer["buckets"]), bucket_cap_mb=float(reducer["bucket_cap_mb"]))
+    return metrics
