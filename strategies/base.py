@@ -119,9 +119,11 @@ class Strategy(abc.ABC):
         """Move the module to this rank's device and make it ready for synchronised training."""
         return module.to(self.root_device)
 
-    def process_dataloader(self, dataloader: DataLoader) -> DataLoader:
+    def process_dataloader(self, dataloader: DataLoader, *, for_training: bool = True) -> DataLoader:
         """Return the loader this rank iterates (a distributed strategy shards it, keeping the
-        user's shuffle setting)."""
+        user's shuffle setting). Training shards are padded to one length, so every rank takes the
+        same number of steps; evaluation shards (`for_training=False`) cover each sample exactly
+        once and may differ in length by one."""
         return dataloader
 
     def training_step(self, module: nn.Module, *args: Any, **kwargs: Any) -> Any:

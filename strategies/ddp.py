@@ -21,9 +21,11 @@ from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from strategies import process_group
+from strategies.autotune import AUTO
 from strategies.base import ACCELERATORS, ReduceOp, Strategy
 from strategies.checkpoint_io import CheckpointIO
-from strategies.environment import ClusterEnvironment, detect_environment, processes_launched_externally
+from strategies.environment import (ClusterEnvironment, check_launch_matches, detect_environment,
+                                    processes_launched_externally)
 from strategies.rank_zero import rank_prefixed_message
 from strategies.sampler import distribute_dataloader
 
@@ -39,16 +41,19 @@ class DDPStrategy(Strategy):
 
     Arguments mirror `torch.nn.parallel.DistributedDataParallel` where they share a name;
     `comm_hook` is None (plain mean), "fp16", "bf16" or a `(state, bucket) -> Future` callable.
+    `bucket_cap_mb="auto"` times a few bucket sizes during the first steps and keeps the fastest
+    (all ranks agree); `state_dict()` carries the pick into checkpoints so a resume skips it.
     """
 
-    def __init__(self, bucket_cap_mb: float = 25, first_bucket_cap_mb: float = 1,
+    def __init__(self, bucket_cap_mb: float | str = 25, first_bucket_cap_mb: float = 1,
                  gradient_as_bucket_view: bool = True, comm_hook: str | Callable[..., Any] | None = None,
                  find_unused_parameters: bool = False, broadcast_buffers: bool = True,
                  sync_batchnorm: bool = False, process_group_backend: str | None = None,
                  timeout: timedelta = timedelta(minutes=10), max_restarts: int = 0, accelerator: str = "auto",
                  checkpoint_io: CheckpointIO | None = None) -> None:
         super().__init__(accelerator=accelerator, checkpoint_io=checkpoint_io)
-        _check_positive_number("bucket_cap_mb", bucket_cap_mb)
+        if bucket_cap_mb != AUTO:
+            _check_positive_number("bucket_cap_mb", bucket_cap_mb)
         _check_positive_number("first_bucket_cap_mb", first_bucket_cap_mb)
         for name, flag in (("gradient_as_bucket_view", gradient_as_bucket_view), ("sync_batchnorm", sync_batchnorm),
                            ("find_unused_parameters", find_unused_parameters),
@@ -65,7 +70,9 @@ class DDPStrategy(Strategy):
             raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}.")
         if accelerator not in ACCELERATORS:
             raise ValueError(f"accelerator={accelerator!r} is not supported; expected one of {ACCELERATORS}.")
-        self.bucket_cap_mb, self.first_bucket_cap_mb = float(bucket_cap_mb), float(first_bucket_cap_mb)
+        self.bucket_cap_mb: float | str = bucket_cap_mb if bucket_cap_mb == AUTO else float(bucket_cap_mb)
+        self.first_bucket_cap_mb = float(first_bucket_cap_mb)
+        self._tuned_bucket_cap_mb: float | None = None  # restored from a checkpoint before the reducer exists
         self.gradient_as_bucket_view, self.comm_hook = gradient_as_bucket_view, comm_hook
         self.find_unused_parameters, self.broadcast_buffers = find_unused_parameters, broadcast_buffers
         self.sync_batchnorm, self.process_group_backend = sync_batchnorm, process_group_backend
@@ -130,12 +137,7 @@ class DDPStrategy(Strategy):
     def setup_environment(self) -> None:
         self.configure(accelerator=self.accelerator, devices=self.devices, num_nodes=self.num_nodes)
         self._environment = detect_environment(self.devices * self.num_nodes)
-        expected = self.devices * self.num_nodes
-        if self._environment.world_size != expected:
-            raise ValueError(rank_prefixed_message(
-                f"the launcher started {self._environment.world_size} processes "
-                f"({type(self._environment).__name__}) but the strategy was configured for devices="
-                f"{self.devices} x num_nodes={self.num_nodes} = {expected}; make them agree.", self.global_rank))
+        check_launch_matches(self._environment, self.devices, self.num_nodes, self.accelerator)
         backend = process_group.resolve_backend(self.process_group_backend, self.root_device)
         self._owns_process_group = process_group.init_process_group(
             self._environment, backend=backend, device=self.root_device, timeout=self.timeout)
@@ -156,11 +158,14 @@ class DDPStrategy(Strategy):
                                     first_bucket_cap_mb=self.first_bucket_cap_mb,
                                     gradient_as_bucket_view=self.gradient_as_bucket_view,
                                     comm_hook=self.comm_hook, find_unused_parameters=self.find_unused_parameters)
+        if self._tuned_bucket_cap_mb is not None:
+            self._reducer.adopt_bucket_cap(self._tuned_bucket_cap_mb)
         return module
 
     @override
-    def process_dataloader(self, dataloader: DataLoader) -> DataLoader:
-        return distribute_dataloader(dataloader, num_replicas=self.world_size, rank=self.global_rank)
+    def process_dataloader(self, dataloader: DataLoader, *, for_training: bool = True) -> DataLoader:
+        return distribute_dataloader(dataloader, num_replicas=self.world_size, rank=self.global_rank,
+                                     pad=for_training)
 
     @override
     def training_step(self, module: nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -174,7 +179,9 @@ class DDPStrategy(Strategy):
         if self._reducer is not None:
             self._reducer.remove()
             self._reducer = None
-        if self._owns_process_group:
+        # Under torchrun/SLURM the process lives on for the next stage (fit, then test): the
+        # group stays, since re-creating it on the launcher's store hangs. Our own workers exit.
+        if self._owns_process_group and not processes_launched_externally():
             process_group.destroy_process_group()
             self._owns_process_group = False
 
@@ -238,6 +245,24 @@ class DDPStrategy(Strategy):
             dist.barrier(device_ids=[self.root_device.index or 0])
         else:
             dist.barrier()
+
+    # ------------------------------------------------------------------ state in checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """What a resume needs to behave alike: the bucket cap "auto" settled on (None before)."""
+        tuned = None
+        if self.bucket_cap_mb == AUTO and self._reducer is not None:
+            autotune = self._reducer.summary()["autotune"]
+            tuned = autotune["chosen_mb"] if autotune else None
+        return {"bucket_cap_mb": self.bucket_cap_mb, "tuned_bucket_cap_mb": tuned}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Reuse a checkpoint's tuned bucket cap (only with bucket_cap_mb="auto"; a number wins)."""
+        tuned = state.get("tuned_bucket_cap_mb")
+        if self.bucket_cap_mb != AUTO or tuned is None:
+            return
+        self._tuned_bucket_cap_mb = float(tuned)
+        if self._reducer is not None:
+            self._reducer.adopt_bucket_cap(self._tuned_bucket_cap_mb)
 
     # ------------------------------------------------------------------ reporting
     @override

@@ -7,6 +7,10 @@ worker after the launcher has set the variables.
 
 Detection order (`detect_environment`): our own launcher's workers, then torchrun/torch
 elastic, then SLURM (srun), then a plain local process.
+
+`check_launch_matches` is the pre-flight check: it compares the shape the launcher reports
+(processes in total, per node, nodes) with the Trainer's `devices`/`num_nodes` *before*
+`init_process_group`, because a mismatch found there is a rendezvous that never completes.
 """
 
 from __future__ import annotations
@@ -15,6 +19,10 @@ import abc
 import os
 import re
 import socket
+from dataclasses import dataclass
+
+import torch
+from typing_extensions import override
 
 # Set by our launcher inside each worker it starts, so the worker knows the torch-elastic
 # variables it sees came from us and not from an outside torchrun.
@@ -36,6 +44,23 @@ def _env_int(key: str, default: int | None = None) -> int:
         return int(raw)
     except ValueError:
         raise ValueError(f"Environment variable {key}={raw!r} is not an integer.") from None
+
+
+@dataclass(frozen=True)
+class LaunchShape:
+    """How many processes the launcher started, as it reports them. `None` means "not reported";
+    the `*_source` strings name the variables (for error messages) and `fix_*` the launcher's own
+    flag, so a message can say exactly what to change on the launcher's side."""
+
+    launcher: str
+    world_size: int
+    world_source: str
+    per_node: int | None = None
+    per_node_source: str = ""
+    num_nodes: int | None = None
+    num_nodes_source: str = ""
+    fix_per_node: str = ""
+    fix_num_nodes: str = ""
 
 
 class ClusterEnvironment(abc.ABC):
@@ -73,6 +98,10 @@ class ClusterEnvironment(abc.ABC):
     def main_port(self) -> int:
         return _env_int("MASTER_PORT")
 
+    def launch_shape(self) -> LaunchShape:
+        """What the launcher says about the job's size (only the world size by default)."""
+        return LaunchShape(type(self).__name__, self.world_size, f"world_size={self.world_size}")
+
 
 class TorchElasticEnvironment(ClusterEnvironment):
     """torchrun / torch elastic: every variable is set per worker by the elastic agent."""
@@ -98,6 +127,15 @@ class TorchElasticEnvironment(ClusterEnvironment):
     @property
     def node_rank(self) -> int:
         return _env_int("GROUP_RANK", 0)
+
+    @override
+    def launch_shape(self) -> LaunchShape:
+        """torchrun sets LOCAL_WORLD_SIZE (--nproc-per-node) and GROUP_WORLD_SIZE (nodes joined)."""
+        per_node = _env_int("LOCAL_WORLD_SIZE", 0) or None
+        nodes = _env_int("GROUP_WORLD_SIZE", 0) or None
+        return LaunchShape("torchrun", self.world_size, f"WORLD_SIZE={self.world_size}",
+                           per_node, f"LOCAL_WORLD_SIZE={per_node}", nodes, f"GROUP_WORLD_SIZE={nodes}",
+                           fix_per_node="--nproc-per-node", fix_num_nodes="--nnodes")
 
 
 class LocalEnvironment(ClusterEnvironment):
@@ -175,6 +213,21 @@ class SLURMEnvironment(ClusterEnvironment):
     def node_rank(self) -> int:
         return _env_int("SLURM_NODEID")
 
+    @override
+    def launch_shape(self) -> LaunchShape:
+        """srun's step variables first (they describe this step), the allocation's as a fallback."""
+        nodes_key = _first_set("SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES")
+        tasks_key = _first_set("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE")
+        nodes = _env_int(nodes_key) if nodes_key else None
+        per_node = None
+        if tasks_key:
+            counts = expand_tasks_per_node(os.environ[tasks_key])
+            node = _env_int("SLURM_NODEID", 0)
+            per_node = counts[node] if node < len(counts) else counts[-1]
+        return LaunchShape("srun", self.world_size, f"SLURM_NTASKS={self.world_size}",
+                           per_node, f"{tasks_key}={os.environ.get(tasks_key or '', '')}",
+                           nodes, f"{nodes_key}={nodes}", fix_per_node="--ntasks-per-node", fix_num_nodes="--nodes")
+
     @property
     def main_address(self) -> str:
         if "MASTER_ADDR" in os.environ:
@@ -197,6 +250,91 @@ def first_host(nodelist: str) -> str:
         raise ValueError("SLURM_NODELIST is empty; set MASTER_ADDR to the first node's address.")
     first = re.split(r",(?![^\[]*\])", nodelist)[0]
     return re.sub(r"\[([^\]]*)\]", lambda match: match.group(1).split(",")[0].split("-")[0], first)
+
+
+def _first_set(*keys: str) -> str | None:
+    return next((key for key in keys if os.environ.get(key)), None)
+
+
+def expand_tasks_per_node(value: str) -> list[int]:
+    """SLURM's compressed per-node task counts, one entry per node: "2(x3),1" -> [2, 2, 2, 1]."""
+    counts: list[int] = []
+    for part in value.split(","):
+        match = re.fullmatch(r"\s*(\d+)\s*(?:\(x(\d+)\))?\s*", part)
+        if match is None:
+            raise ValueError(f"Cannot parse SLURM tasks per node {value!r}: expected a list like '2(x3),1'.")
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts
+
+
+def check_launch_matches(environment: ClusterEnvironment, devices: int, num_nodes: int,
+                         accelerator: str = "cpu") -> None:
+    """Raise ValueError when the launch and the Trainer disagree about the job's shape.
+
+    Called before `init_process_group`: with a wrong world size the rendezvous would wait for
+    ranks that never come, and with a wrong per-node split ranks would pick wrong devices. The
+    message names both sides and what to change on each; every rank raises the same error.
+    """
+    shape = environment.launch_shape()
+    problems = _shape_problems(shape, devices, num_nodes)
+    if accelerator == "cuda":
+        problems += _device_problems(environment, shape, devices)
+    if problems:
+        from strategies.rank_zero import rank_prefixed_message
+
+        raise ValueError(rank_prefixed_message(
+            "; ".join(problems) + ". Trainer(devices=..., num_nodes=...) must describe the launch: processes per "
+            "node and nodes (checked before the process group starts, where a mismatch would hang).",
+            _safe_rank(environment)))
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "es" if noun.endswith("s") else "s")
+
+
+def _shape_problems(shape: LaunchShape, devices: int, num_nodes: int) -> list[str]:
+    problems = []
+    if shape.per_node is not None and shape.per_node != devices:
+        problems.append(f"the launcher started {_plural(shape.per_node, 'process')} per node ({shape.launcher}, "
+                        f"{shape.per_node_source}) but the Trainer has devices={devices}: set devices="
+                        f"{shape.per_node} (CLI: trainer.devices={shape.per_node}) or launch with "
+                        f"{shape.fix_per_node}={devices}")
+    if shape.num_nodes is not None and shape.num_nodes != num_nodes:
+        problems.append(f"the launcher spans {_plural(shape.num_nodes, 'node')} ({shape.launcher}, "
+                        f"{shape.num_nodes_source}) but the Trainer has num_nodes={num_nodes}: set num_nodes="
+                        f"{shape.num_nodes} (CLI: trainer.num_nodes={shape.num_nodes}) or launch with "
+                        f"{shape.fix_num_nodes}={num_nodes}")
+    expected = devices * num_nodes
+    if shape.world_size != expected and not problems:  # a per-node/node mismatch already explains it
+        problems.append(f"the launcher started {_plural(shape.world_size, 'process')} ({shape.launcher}, "
+                        f"{shape.world_source}) but the Trainer has devices={devices} x num_nodes={num_nodes} = "
+                        f"{expected}: make devices x num_nodes equal the number of processes launched")
+    return problems
+
+
+def _device_problems(environment: ClusterEnvironment, shape: LaunchShape, devices: int) -> list[str]:
+    visible = torch.cuda.device_count()
+    local_rank = _safe_local_rank(environment)
+    if devices <= visible and (local_rank is None or local_rank < visible):
+        return []
+    mask = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return [f"this node sees {visible} GPU(s) (CUDA_VISIBLE_DEVICES={mask!r}) but the Trainer has devices={devices}"
+            f"{'' if local_rank is None else f' and this is LOCAL_RANK={local_rank}'}: start at most {visible} "
+            f"process(es) per node ({shape.fix_per_node or 'devices'}={visible}) or make more GPUs visible"]
+
+
+def _safe_rank(environment: ClusterEnvironment) -> int | None:
+    try:
+        return environment.global_rank
+    except (KeyError, ValueError):
+        return None
+
+
+def _safe_local_rank(environment: ClusterEnvironment) -> int | None:
+    try:
+        return environment.local_rank
+    except (KeyError, ValueError):
+        return None
 
 
 def processes_launched_externally() -> bool:

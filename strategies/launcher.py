@@ -59,15 +59,19 @@ def launch(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...], kw
             raise
         _finish(strategy)
         return result
-    payload = _serialize(strategy, fn, args, kwargs)
     from torch.distributed.launcher.api import elastic_launch  # heavy import, only when launching
 
     with tempfile.TemporaryDirectory(prefix="ddp-trainer-") as run_dir, _restored_process_state():
         failures_dir = Path(run_dir, "failures")
         failures_dir.mkdir()
+        # The work (often a whole model and its data) goes through a file, not as a spawn argument:
+        # spawn writes arguments into a pipe that a child reads only after its imports, so a payload
+        # larger than the pipe buffer made the parent start the workers one after the other.
+        payload_path = Path(run_dir, "payload.pt")
+        _serialize(strategy, fn, args, kwargs, payload_path)
         config = _launch_config(nprocs, max_restarts, run_dir)
         try:
-            results = elastic_launch(config, _worker)(payload, str(failures_dir))
+            results = elastic_launch(config, _worker)(str(payload_path), str(failures_dir))
         except ChildFailedError as error:
             raise _first_failure(error, failures_dir) from None
         except SignalException as error:  # elastic's handler turned a signal into this; workers are stopped
@@ -78,12 +82,12 @@ def launch(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...], kw
 
 
 @record
-def _worker(payload: bytes, failures_dir: str) -> bytes | None:
+def _worker(payload_path: str, failures_dir: str) -> bytes | None:
     """Entry point of every spawned worker (module level, so `spawn` can import it)."""
     os.environ[LOCAL_LAUNCH_MARKER] = "1"
     _split_cpu_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     try:
-        strategy, fn, args, kwargs = pickle.loads(payload)
+        strategy, fn, args, kwargs = _deserialize(payload_path)
         strategy.setup_environment()
         result = fn(*args, **kwargs)
         _finish(strategy)
@@ -152,13 +156,16 @@ def _first_failure(error: ChildFailedError, failures_dir: Path) -> WorkerFailedE
                              exitcode=failure.exitcode)
 
 
-def _serialize(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
-    """Pickle the work with plain `pickle`, in one piece.
+def _serialize(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+               path: Path) -> None:
+    """Save the work to `path` with `torch.save`, in one piece.
 
-    Plain pickle gives every worker its own copy of each tensor: torch.multiprocessing, which
-    spawn would otherwise use, moves CPU tensors to shared memory, so N ranks would step the
-    *same* parameters N times. One piece keeps shared references (the strategy inside `fn`'s
-    arguments is the strategy the worker sets up).
+    Every worker loads its own private copy of each tensor: torch.multiprocessing, which spawn
+    would otherwise use, moves CPU tensors to shared memory, so N ranks would step the *same*
+    parameters N times. One piece keeps shared references (the strategy inside `fn`'s arguments
+    is the strategy the worker sets up). `torch.save` rather than plain pickle so that workers can
+    map tensor storages from the file instead of materialising every tensor twice (bytes, then
+    storage) while unpickling: that transient copy was the largest part of a rank's peak memory.
     """
     qualname = getattr(fn, "__qualname__", "")
     hint = (f"launch() runs {qualname or fn!r} in new processes, which import it by name and receive its "
@@ -167,9 +174,20 @@ def _serialize(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...]
     if "<lambda>" in qualname or "<locals>" in qualname:
         raise TypeError(hint)
     try:
-        return pickle.dumps((strategy, fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+        torch.save((strategy, fn, args, kwargs), path, pickle_protocol=pickle.HIGHEST_PROTOCOL)
     except (pickle.PicklingError, AttributeError, TypeError) as error:
         raise TypeError(f"{hint} Pickling failed: {error}") from error
+
+
+def _deserialize(path: str) -> tuple[Strategy, Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
+    """Load the parent's work. Storages are mapped copy-on-write (private to this rank).
+
+    `weights_only=False`: the file is the launching process's own pickle of `fn` and its
+    arguments, written a moment ago into a private temporary directory, not a checkpoint.
+    """
+    work: tuple[Strategy, Callable[..., Any], tuple[Any, ...], dict[str, Any]] = torch.load(
+        path, mmap=True, weights_only=False)
+    return work
 
 
 @contextlib.contextmanager

@@ -16,35 +16,32 @@ Life of one synchronised backward pass:
    so this rank still issues the collectives its peers are waiting for.
 
 After the first synchronised pass the buckets are rebuilt once, in the order gradients
-actually became ready on rank 0 (broadcast, so every rank builds the same buckets).
+actually became ready on rank 0 (broadcast, so every rank builds the same buckets). With
+`bucket_cap_mb="auto"` the next few passes then try candidate caps (strategies/autotune.py)
+and keep the fastest. Step timing lives in strategies/telemetry.py.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from strategies.buckets import MIB, GradBucket, build_buckets, plan_buckets, plan_buckets_in_order, \
-    trainable_parameters
+from strategies.autotune import BucketAutotuner, autotuner_for, distinct_candidates
+from strategies.buckets import MIB, build_buckets, plan_buckets, plan_buckets_in_order, trainable_parameters
 from strategies.comm_hooks import CommHook, CommHookState, resolve_comm_hook
+from strategies.graph import reachable_parameter_ids
+from strategies.telemetry import ReducerTelemetry, StepTimes
 
 _HISTORY_LIMIT = 1024  # launch orders kept; bounded so a long run does not grow without limit
-
-
-@dataclass
-class _Telemetry:
-    synced_steps: int = 0
-    exposed_comm_s_last: float = 0.0  # waiting for communication after backward ended, last step
-    exposed_comm_s_total: float = 0.0
-    comm_s_total: float = 0.0  # launch -> result available, summed over buckets (overlapping)
+_FIRST_STEP_CAP_MB = 25.0  # "auto": the plan of the first pass, which only observes readiness order
+_log = logging.getLogger(__name__)
 
 
 class GradReducer:
@@ -70,16 +67,19 @@ class GradReducer:
     _callback_queued: bool
 
     def __init__(self, module: nn.Module, *, process_group: dist.ProcessGroup | None = None,
-                 bucket_cap_mb: float = 25.0, first_bucket_cap_mb: float = 1.0,
+                 bucket_cap_mb: float | str = 25.0, first_bucket_cap_mb: float = 1.0,
                  gradient_as_bucket_view: bool = True, comm_hook: str | CommHook | None = None,
-                 find_unused_parameters: bool = False) -> None:
+                 find_unused_parameters: bool = False, autotune_candidates_mb: Sequence[float] | None = None,
+                 autotune_measure_steps: int = 3) -> None:
         if not isinstance(module, nn.Module):
             raise TypeError(f"GradReducer expects an nn.Module; received {type(module).__name__}.")
         self._world_size = _world_size(process_group)
         self._group = process_group
         self._hook = resolve_comm_hook(comm_hook)
         self._hook_state = CommHookState(process_group, self._world_size)
-        self._caps = {"bucket_cap_mb": bucket_cap_mb, "first_bucket_cap_mb": first_bucket_cap_mb}
+        self._tuner = autotuner_for(bucket_cap_mb, autotune_candidates_mb, autotune_measure_steps)
+        self._cap_mb = _FIRST_STEP_CAP_MB if self._tuner is not None else float(bucket_cap_mb)
+        self._first_cap_mb = first_bucket_cap_mb
         self._as_view = gradient_as_bucket_view
         self._find_unused = find_unused_parameters
         self._params = trainable_parameters(module)
@@ -88,9 +88,10 @@ class GradReducer:
         self._removed = False
         self._finalized_since_mark = False
         self._lock = threading.Lock()  # hooks of params on different devices run on different threads
-        self._telemetry = _Telemetry()
+        self._telemetry = ReducerTelemetry()
+        self._order: list[int] = []  # readiness order the rebuilt plans follow (rank 0's, broadcast)
         self.launch_order_history: list[list[int]] = []
-        self._install_buckets(plan_buckets(self._params, **self._caps))  # validates the caps
+        self._install_buckets(plan_buckets(self._params, **self._caps()))  # validates the caps
         self._reset_pass()
         self._handles = [param.register_post_accumulate_grad_hook(self._make_hook(index))
                          for index, param in enumerate(self._params)]
@@ -125,9 +126,10 @@ class GradReducer:
             raise RuntimeError("The previous synchronised backward started reducing gradients but never "
                                "finished (did loss.backward() raise, or was finish_backward() skipped?). "
                                "Call finish_backward() after every loss.backward().")
+        self._telemetry.begin_backward()
         if not self._find_unused:
             return
-        reachable = _reachable_parameter_ids(outputs)
+        reachable = reachable_parameter_ids(outputs)
         with self._lock:
             for index, param in enumerate(self._params):
                 if id(param) not in reachable:
@@ -144,21 +146,33 @@ class GradReducer:
         self._finalize()
 
     def summary(self) -> dict[str, Any]:
-        """Bucket layout and cheap communication telemetry, for logs."""
-        t = self._telemetry
+        """Bucket plan and step telemetry (see strategies/telemetry.py for the timing keys)."""
         return {
             "world_size": self._world_size,
             "comm_hook": getattr(self._hook, "__name__", repr(self._hook)),
+            "bucket_cap_mb": self._cap_mb,
+            "autotune": self._tuner.summary() if self._tuner is not None else None,
             "buckets": len(self._buckets),
             "bucket_sizes_mib": [bucket.nbytes / MIB for bucket in self._buckets],
             "bucket_param_indices": [list(indexes) for indexes in self._plan],
             "rebuilt": self._rebuilt,
             "last_launch_order": list(self.launch_order_history[-1]) if self.launch_order_history else [],
-            "synced_steps": t.synced_steps,
-            "exposed_comm_s_last": t.exposed_comm_s_last,
-            "exposed_comm_s_total": t.exposed_comm_s_total,
-            "comm_s_total": t.comm_s_total,
+            **self._telemetry.summary(),
         }
+
+    @property
+    def bucket_cap_mb(self) -> float:
+        """The cap the current buckets were planned with (the tuned one once "auto" has decided)."""
+        return self._cap_mb
+
+    def adopt_bucket_cap(self, bucket_cap_mb: float) -> None:
+        """Use a cap chosen earlier (a checkpoint's) instead of measuring; call between steps, on every rank."""
+        if not float(bucket_cap_mb) > 0:
+            raise ValueError(f"bucket_cap_mb={bucket_cap_mb!r} must be a positive number of MiB.")
+        if self._pass_active:
+            raise RuntimeError("adopt_bucket_cap() was called during a backward pass; call it between steps.")
+        self._tuner = BucketAutotuner([float(bucket_cap_mb)])
+        self._set_cap(float(bucket_cap_mb))
 
     def remove(self) -> None:
         """Detach from the module; every `.grad` becomes a standalone tensor again."""
@@ -173,17 +187,28 @@ class GradReducer:
         self._removed = True
 
     # ------------------------------------------------------------------ buckets
+    def _caps(self, bucket_cap_mb: float | None = None) -> dict[str, float]:
+        return {"bucket_cap_mb": self._cap_mb if bucket_cap_mb is None else bucket_cap_mb,
+                "first_bucket_cap_mb": self._first_cap_mb}
+
     def _install_buckets(self, plan: list[list[int]]) -> None:
         self._plan = plan
         self._buckets = build_buckets(self._params, plan)
-        self._slot: dict[int, tuple[int, int]] = {}  # param index -> (bucket index, position in bucket)
-        for bucket_index, indexes in enumerate(plan):
-            for position, param_index in enumerate(indexes):
-                self._slot[param_index] = (bucket_index, position)
+        self._bucket_of = [0] * len(self._params)  # param index -> bucket index
+        self._views: list[torch.Tensor] = [torch.empty(0)] * len(self._params)  # param index -> its slot
+        for bucket_index, (indexes, bucket) in enumerate(zip(plan, self._buckets)):
+            for param_index, view in zip(indexes, bucket.views()):
+                self._bucket_of[param_index] = bucket_index
+                self._views[param_index] = view
 
-    def _view(self, index: int) -> torch.Tensor:
-        bucket_index, position = self._slot[index]
-        return self._buckets[bucket_index].views()[position]
+    def _replan(self, plan: list[list[int]]) -> None:
+        """Switch to new buckets between steps, keeping the (already averaged) gradients."""
+        self._install_buckets(plan)
+        if self._as_view:  # the averaged grads live in the old buffers; move them into the new views
+            for param, view in zip(self._params, self._views):
+                if param.grad is not None:
+                    view.copy_(param.grad)
+                    param.grad = view
 
     def _rebuild(self) -> None:
         """Re-plan once in rank 0's observed readiness order, so buckets fill (and launch) sooner."""
@@ -194,14 +219,33 @@ class GradReducer:
             src = 0 if self._group is None else dist.get_global_rank(self._group, 0)
             dist.broadcast_object_list(box, src=src, group=self._group)
             order = box[0]
-        self._install_buckets(plan_buckets_in_order(self._params, order, **self._caps))
+        self._order = order
         self._rebuilt = True
-        if self._as_view:  # the averaged grads live in the old buffers; move them into the new views
-            for index, param in enumerate(self._params):
-                if param.grad is not None:
-                    view = self._view(index)
-                    view.copy_(param.grad)
-                    param.grad = view
+        if self._tuner is not None:
+            if not self._tuner.done:  # try each distinct plan once
+                plans = {mb: plan_buckets_in_order(self._params, order, **self._caps(mb))
+                         for mb in self._tuner.candidates_mb}
+                self._tuner.narrow(distinct_candidates(plans))
+            self._cap_mb = self._tuner.current_mb
+        self._replan(plan_buckets_in_order(self._params, order, **self._caps()))
+
+    def _set_cap(self, bucket_cap_mb: float) -> None:
+        """Plan with a new cap now if the order is known, else at the rebuild."""
+        changed = bucket_cap_mb != self._cap_mb
+        self._cap_mb = bucket_cap_mb
+        if changed and self._rebuilt:
+            self._replan(plan_buckets_in_order(self._params, self._order, **self._caps()))
+
+    def _autotune_step(self, step: StepTimes) -> None:
+        """Feed the tuner this pass's time; switch caps, or agree on the winner, when it says so."""
+        tuner = self._tuner
+        if tuner is None or tuner.done or not tuner.record(step.backward_s + step.exposed_comm_s):
+            return
+        if tuner.measured_all:
+            chosen = tuner.agree(self._group, self._world_size)
+            _log.info("bucket_cap_mb='auto' chose %s MiB (slowest-rank step ms per candidate %s: %s)",
+                      chosen, tuner.candidates_mb, tuner.agreed_ms)
+        self._set_cap(tuner.current_mb)
 
     # ------------------------------------------------------------------ one backward pass
     def _reset_pass(self) -> None:
@@ -226,9 +270,10 @@ class GradReducer:
             # One callback per pass; it runs when the whole backward graph has finished.
             torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
             self._callback_queued = True
+            self._telemetry.ensure_started()  # prepare_for_backward is optional
         self._pass_active = True
         if self._ready[index]:
-            bucket_index = self._slot[index][0]
+            bucket_index = self._bucket_of[index]
             if self._futures[bucket_index] is not None:
                 raise RuntimeError(
                     f"Parameter {index} received a gradient after its bucket was already sent. Either it "
@@ -241,7 +286,7 @@ class GradReducer:
 
     def _absorb_grad(self, index: int) -> None:
         """Put this param's current gradient (zeros if none) into its bucket slot."""
-        param, view = self._params[index], self._view(index)
+        param, view = self._params[index], self._views[index]
         grad = param.grad
         if grad is None:
             view.zero_()
@@ -257,22 +302,21 @@ class GradReducer:
     def _mark_ready(self, index: int) -> None:
         self._ready[index] = True
         self._ready_order.append(index)
-        self._pending[self._slot[index][0]] -= 1
+        self._pending[self._bucket_of[index]] -= 1
         while self._next_bucket < len(self._buckets) and self._pending[self._next_bucket] == 0:
             self._launch(self._next_bucket)
 
     def _launch(self, bucket_index: int) -> None:
-        started = time.perf_counter()
-
-        def timed(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
-            self._telemetry.comm_s_total += time.perf_counter() - started
-            return fut.value()
-
-        self._futures[bucket_index] = self._hook(self._hook_state, self._buckets[bucket_index]).then(timed)
+        slot = self._telemetry.bucket_launched()
+        future = self._hook(self._hook_state, self._buckets[bucket_index])
+        # A done-callback rather than `.then`: it times the bucket without chaining another future.
+        future.add_done_callback(lambda _: ReducerTelemetry.bucket_done(slot))
+        self._futures[bucket_index] = future
         self._launch_order.append(bucket_index)
         self._next_bucket += 1
 
     def _on_backward_end(self) -> None:
+        self._telemetry.end_backward()
         self._finalize()
         self._finalized_since_mark = True
 
@@ -284,13 +328,15 @@ class GradReducer:
                     self._absorb_grad(index)
                     self._mark_ready(index)
             used_future = self._launch_used_map() if self._find_unused else None
-            waiting_since = time.perf_counter()
             results = [future.wait() for future in self._futures if future is not None]
             used = used_future.wait()[0].tolist() if used_future is not None else None
-            self._record_step(time.perf_counter() - waiting_since)
+            step = self._telemetry.end_step()
+            self._record_launch_order()
             self._write_back(results, used)
             if not self._rebuilt:
                 self._rebuild()
+            else:
+                self._autotune_step(step)
             self._reset_pass()
 
     def _launch_used_map(self) -> torch.futures.Future[list[torch.Tensor]] | None:
@@ -323,11 +369,7 @@ class GradReducer:
                 else:
                     param.grad.copy_(view)
 
-    def _record_step(self, exposed_s: float) -> None:
-        t = self._telemetry
-        t.synced_steps += 1
-        t.exposed_comm_s_last = exposed_s
-        t.exposed_comm_s_total += exposed_s
+    def _record_launch_order(self) -> None:
         self.launch_order_history.append(self._launch_order)
         del self.launch_order_history[:-_HISTORY_LIMIT]
 
@@ -344,36 +386,3 @@ def _world_size(process_group: dist.ProcessGroup | None) -> int:
         raise RuntimeError("A process_group was passed but torch.distributed is not initialised; "
                            "call dist.init_process_group first.")
     return 1
-
-
-def _reachable_parameter_ids(outputs: Any) -> set[int]:
-    """ids of the leaf tensors whose AccumulateGrad nodes are reachable from `outputs`' graph."""
-    stack: list[Any] = []
-    reachable: set[int] = set()
-    for tensor in _tensors_in(outputs):
-        if tensor.grad_fn is not None:
-            stack.append(tensor.grad_fn)
-        elif tensor.requires_grad:
-            reachable.add(id(tensor))  # an output that is itself a leaf parameter
-    seen: set[Any] = set()
-    while stack:
-        node = stack.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        variable = getattr(node, "variable", None)  # only AccumulateGrad nodes have one
-        if variable is not None:
-            reachable.add(id(variable))
-        stack.extend(child for child, _ in node.next_functions if child is not None)
-    return reachable
-
-
-def _tensors_in(obj: Any) -> Iterator[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, dict):
-        for value in obj.values():
-            yield from _tensors_in(value)
-    elif isinstance(obj, (list, tuple)):
-        for value in obj:
-            yield from _tensors_in(value)

@@ -9,6 +9,12 @@ therefore batches): uneven shards would leave one rank waiting in a collective f
 Remember its docstring's warning: call `loader.sampler.set_epoch(epoch)` at the start of every
 epoch (our fit loop does), or every epoch reuses the first epoch's order.
 
+Evaluation wants the opposite trade: `pad=False` gives `ShardSampler`, disjoint shards that
+cover every sample exactly once (lengths may differ by one), because a padded duplicate is
+counted twice in validation metrics. That is safe only because the evaluation loop issues no
+collective per batch (all metric sync happens once, at epoch end), so a rank with one batch
+fewer never leaves a peer waiting.
+
 An `IterableDataset` is returned unchanged: it has no indices to split, so the dataset itself
 must shard (e.g. by `torch.distributed.get_rank()` inside `__iter__`).
 """
@@ -16,19 +22,51 @@ must shard (e.g. by `torch.distributed.get_rank()` inside `__iter__`).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Sized
 from typing import Any
 
-from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, IterableDataset, RandomSampler,
+import torch
+from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, IterableDataset, RandomSampler, Sampler,
                               SequentialSampler)
+from typing_extensions import override
 
 SEED_VARIABLE = "PL_GLOBAL_SEED"
 _HINT = "pass use_distributed_sampler=False to the Trainer and build the sampler yourself"
 
 
+class ShardSampler(Sampler[int]):
+    """Rank `rank`'s indices `rank, rank + N, rank + 2N, ...` of `range(len(dataset))` (or of one
+    seeded permutation of it), without padding: the shards are disjoint and together cover every
+    index exactly once. The same striding as DistributedSampler, minus its repeated tail."""
+
+    def __init__(self, dataset: Sized, num_replicas: int, rank: int, shuffle: bool = False, seed: int = 0) -> None:
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank must be in [0, num_replicas={num_replicas}), got {rank}.")
+        self.dataset_size, self.num_replicas, self.rank = len(dataset), num_replicas, rank
+        self.shuffle, self.seed, self.epoch = shuffle, seed, 0
+
+    @override
+    def __iter__(self) -> Iterator[int]:
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.dataset_size, generator=generator).tolist()
+        else:
+            order = list(range(self.dataset_size))
+        return iter(order[self.rank::self.num_replicas])
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.dataset_size, self.num_replicas))
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+
 def distribute_dataloader(dataloader: DataLoader, num_replicas: int, rank: int,
-                          seed: int | None = None) -> DataLoader:
+                          seed: int | None = None, pad: bool = True) -> DataLoader:
     """A DataLoader that yields only this rank's shard, keeping the user's shuffle setting.
 
+    `pad=True` (training) pads like DistributedSampler so every rank runs the same number of
+    steps; `pad=False` (evaluation, prediction) covers each sample exactly once (`ShardSampler`).
     `seed` (default: $PL_GLOBAL_SEED, else 0) must be the same on every rank, so that all
     ranks permute identically and their shards stay disjoint.
     """
@@ -38,10 +76,34 @@ def distribute_dataloader(dataloader: DataLoader, num_replicas: int, rank: int,
     if isinstance(dataloader.sampler, DistributedSampler) or isinstance(batch_sampler_source, DistributedSampler):
         return dataloader  # the user sharded it already
     shuffle = _check_rebuildable(dataloader)
-    sampler: DistributedSampler[Any] = DistributedSampler(
-        dataloader.dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=_resolve_seed(seed),
-        drop_last=False)
+    sampler: Sampler[int]
+    if pad:
+        sampler = DistributedSampler(dataloader.dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle,
+                                     seed=_resolve_seed(seed), drop_last=False)
+    else:
+        _check_every_rank_has_a_batch(dataloader, num_replicas)
+        sampler = ShardSampler(dataloader.dataset, num_replicas, rank,  # type: ignore[arg-type]
+                               shuffle=shuffle, seed=_resolve_seed(seed))
     return DataLoader(dataloader.dataset, sampler=sampler, **_public_fields(dataloader))
+
+
+def _check_every_rank_has_a_batch(dataloader: DataLoader, num_replicas: int) -> None:
+    """Unpadded shards may differ by one sample; that is harmless unless it decides whether a
+    rank has any batch at all: a rank with none would skip the stage, and with it the epoch-end
+    metric sync its peers wait in."""
+    size = len(dataloader.dataset)  # type: ignore[arg-type]
+    smallest, largest = size // num_replicas, -(-size // num_replicas)
+    batch = dataloader.batch_size or 1
+    if smallest == 0 and size > 0:
+        raise ValueError(f"The evaluation DataLoader has {size} sample(s) but the job runs {num_replicas} "
+                         f"processes: without padding some ranks would get no sample. Evaluate on at least "
+                         f"{num_replicas} samples, on fewer processes, or pass use_distributed_sampler=False "
+                         f"to the Trainer and shard the data yourself.")
+    if dataloader.drop_last and (smallest // batch == 0) != (largest // batch == 0):
+        raise ValueError(f"The evaluation DataLoader has drop_last=True and batch_size={batch}: its {size} "
+                         f"samples split over {num_replicas} processes as {smallest}-{largest} per rank, so some "
+                         f"ranks would have a batch and others none. Set drop_last=False for evaluation "
+                         f"(every sample counted exactly once) or change batch_size.")
 
 
 def _check_rebuildable(dataloader: DataLoader) -> bool:

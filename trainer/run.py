@@ -146,7 +146,7 @@ def _loaders(trainer: Any, module: nn.Module, stage: str, given: Any, required: 
         return []
     loaders = list(loaders) if isinstance(loaders, (list, tuple)) else [loaders]
     if trainer.use_distributed_sampler:
-        loaders = [trainer.strategy.process_dataloader(loader) for loader in loaders]
+        loaders = [trainer.strategy.process_dataloader(loader, for_training=stage == "fit") for loader in loaders]
     return loaders
 
 

@@ -107,7 +107,7 @@ class Trainer:
         self.callback_list = CallbackList(self._build_callbacks(callbacks, enable_checkpointing, enable_progress_bar))
         self.loop_state = LoopState()
         self.state = TrainerStatus()
-        self.metric_store = MetricStore(self.strategy.reduce)
+        self.metric_store = MetricStore(self.strategy.reduce, ranks=self.strategy)
         self.precision_plugin = Precision(self.precision, self.strategy.root_device.type)
         self.optimizers: list[torch.optim.Optimizer] = []
         self.wrapped_optimizers: list[Any] = []

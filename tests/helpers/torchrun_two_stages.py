@@ -1,8 +1,9 @@
-"""Run under torchrun: fit, then test, then fit again in one process (each rank)."""
+"""Run under torchrun: fit, test, fit, test in one process per rank; write the last test loss."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from tests.helpers.models import RegressionData, TinyRegressor
 from trainer import Trainer
@@ -15,8 +16,9 @@ def main() -> None:
                           enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
         trainer.fit(model, datamodule=data)
         result = trainer.test(model, datamodule=data)
-    print(f"rank {trainer.global_rank} done test_loss={result[0]['test_loss']:.6f}", flush=True)
+    # One file per rank: two ranks printing to one stdout can interleave mid-line.
+    Path(sys.argv[1], f"rank{trainer.global_rank}.txt").write_text(f"{result[0]['test_loss']:.6f}")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

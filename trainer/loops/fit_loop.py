@@ -49,8 +49,10 @@ def _run_epoch(trainer: Any, module: nn.Module, train_loader: Any, val_loaders: 
             break  # Lightning: returning -1 ends the epoch early
         window_end = (batch_idx + 1) % trainer.accumulate_grad_batches == 0 or batch_idx + 1 == total
         output = run_training_batch(trainer, module, batch, batch_idx, window_end)
+        store.sync_pending()  # the step's sync_dist values, one collective, before callbacks read them
         state.batch_in_epoch = batch_idx + 1
         callbacks.call("on_train_batch_end", trainer, module, output, batch, batch_idx)
+        store.sync_pending()  # what on_train_batch_end logged with sync_dist (no-op otherwise)
         _log_step(trainer)
         if _should_validate(trainer, batch_idx, val_loaders, module):
             run_evaluation(trainer, module, val_loaders, "validate")
@@ -100,7 +102,7 @@ def _max_steps_reached(trainer: Any) -> bool:
 def _advance_past_finished_epoch(trainer: Any) -> None:
     """A checkpoint written at the end of an epoch resumes at the start of the next one."""
     state = trainer.loop_state
-    if state.batch_in_epoch >= trainer.num_training_batches:
+    if 0 <= trainer.num_training_batches <= state.batch_in_epoch:  # -1: unsized, length unknown
         state.current_epoch += 1
         state.batch_in_epoch = 0
 

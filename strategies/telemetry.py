@@ -1,0 +1,127 @@
+"""Step telemetry of the gradient reducer: where a synchronised backward pass spends its time.
+
+Per synchronised step the reducer records four instants and, per bucket, when its collective
+was launched and when it completed:
+
+    prepare_for_backward ── backward compute ──▶ end of backward ── exposed comm ──▶ grads averaged
+                          └ bucket 0 [launch ─ done]  bucket 1 [launch ─ done] ... ┘
+
+* backward: from `prepare_for_backward` to the end-of-backward callback (autograd finished).
+* exposed communication: from the end of backward until every bucket is averaged: the part
+  of communication nothing else hid.
+* communication: the wall time during which at least one bucket was in flight (the union of
+  the bucket intervals, so concurrent buckets are not counted twice).
+* overlap = 1 - exposed / communication: the share of communication hidden behind backward.
+
+Only host-side `time.perf_counter()` calls and one completion callback per bucket: no device
+synchronisation and no collective, so it stays on by default. (On CUDA the instants are host
+instants, i.e. when work was *issued*, which is what the Python reducer controls.)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class StepTimes:
+    """One synchronised step, in seconds."""
+
+    backward_s: float = 0.0
+    exposed_comm_s: float = 0.0
+    comm_s: float = 0.0
+
+    @property
+    def overlap(self) -> float:
+        """Fraction of communication hidden behind backward, in [0, 1] (1 when there was none)."""
+        if self.comm_s <= 0.0:
+            return 1.0
+        return min(1.0, max(0.0, 1.0 - self.exposed_comm_s / self.comm_s))
+
+
+@dataclass
+class _Totals:
+    steps: int = 0
+    backward_s: float = 0.0
+    exposed_comm_s: float = 0.0
+    comm_s: float = 0.0
+
+
+@dataclass
+class ReducerTelemetry:
+    """Timing of synchronised backward passes; `summary()` is what the strategy reports."""
+
+    last: StepTimes = field(default_factory=StepTimes)
+    totals: _Totals = field(default_factory=_Totals)
+    _started: float = 0.0
+    _backward_end: float = 0.0
+    _intervals: list[list[float]] = field(default_factory=list)  # [launch, done] per bucket
+
+    def begin_backward(self) -> None:
+        self._started = time.perf_counter()
+        self._backward_end = 0.0
+        self._intervals = []
+
+    def ensure_started(self) -> None:
+        """Start the clock at the first gradient hook when `prepare_for_backward` was not called."""
+        if not self._started:
+            self.begin_backward()
+
+    def end_backward(self) -> None:
+        if not self._backward_end:
+            self._backward_end = time.perf_counter()
+
+    def bucket_launched(self) -> list[float]:
+        """Start timing one bucket; the returned slot gets its completion time from `bucket_done`."""
+        slot = [time.perf_counter(), 0.0]
+        self._intervals.append(slot)
+        return slot
+
+    @staticmethod
+    def bucket_done(slot: list[float]) -> None:
+        slot[1] = time.perf_counter()  # runs on the communication thread when the bucket arrives
+
+    def end_step(self) -> StepTimes:
+        """Close the step once every bucket is averaged; returns its times."""
+        now = time.perf_counter()
+        started = self._started or now
+        backward_end = self._backward_end or now  # no autograd callback: finish_backward ended it
+        step = StepTimes(backward_s=backward_end - started, exposed_comm_s=now - backward_end,
+                         comm_s=_union_length(self._intervals, now))
+        self.last = step
+        totals = self.totals
+        totals.steps += 1
+        totals.backward_s += step.backward_s
+        totals.exposed_comm_s += step.exposed_comm_s
+        totals.comm_s += step.comm_s
+        self._started = 0.0
+        return step
+
+    def summary(self) -> dict[str, Any]:
+        """Last step and cumulative totals (a logger derives window averages from the totals)."""
+        last, totals = self.last, self.totals
+        overall = StepTimes(totals.backward_s, totals.exposed_comm_s, totals.comm_s)
+        return {
+            "synced_steps": totals.steps,
+            "backward_s_last": last.backward_s,
+            "exposed_comm_s_last": last.exposed_comm_s,
+            "comm_s_last": last.comm_s,
+            "overlap_last": last.overlap,
+            "backward_s_total": totals.backward_s,
+            "exposed_comm_s_total": totals.exposed_comm_s,
+            "comm_s_total": totals.comm_s,
+            "overlap_mean": overall.overlap,
+        }
+
+
+def _union_length(intervals: list[list[float]], now: float) -> float:
+    """Total length covered by [start, end] intervals (an unfinished one ends `now`)."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted((start, end or now) for start, end in intervals):
+        if end <= reach:
+            continue
+        total += end - max(start, reach)
+        reach = end
+    return total
