@@ -78,7 +78,7 @@ def init_process_group(environment: ClusterEnvironment, *, backend: str, device:
         raise RuntimeError(rank_prefixed_message(
             f"could not initialise the process group (backend={backend!r}, init_method='env://', "
             f"MASTER_ADDR={environment.main_address}, MASTER_PORT={environment.main_port}, "
-            f"world_size={world_size}, timeout={timeout}): {error}. Check that every rank was started "
+            f"world_size={world_size}, timeout={timeout}): {_first_line(error)}. Check that every rank was started "
             f"and can reach the address, or raise DDPStrategy(timeout=...).", rank)) from error
     return True
 
@@ -93,6 +93,11 @@ def _attempt_store(environment: ClusterEnvironment, timeout: timedelta) -> dist.
     client = dist.TCPStore(environment.main_address, environment.main_port, environment.world_size,
                            is_master=False, timeout=timeout)
     return dist.PrefixStore(f"ddp_trainer/attempt_{attempt}", client)
+
+
+def _first_line(error: BaseException) -> str:
+    """torch appends a C++ stack trace to some messages; the first line is the diagnosis."""
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
 def destroy_process_group() -> None:

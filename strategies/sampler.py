@@ -78,6 +78,7 @@ def distribute_dataloader(dataloader: DataLoader, num_replicas: int, rank: int,
     shuffle = _check_rebuildable(dataloader)
     sampler: Sampler[int]
     if pad:
+        _check_enough_samples_to_train(dataloader, num_replicas)
         sampler = DistributedSampler(dataloader.dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle,
                                      seed=_resolve_seed(seed), drop_last=False)
     else:
@@ -85,6 +86,15 @@ def distribute_dataloader(dataloader: DataLoader, num_replicas: int, rank: int,
         sampler = ShardSampler(dataloader.dataset, num_replicas, rank,  # type: ignore[arg-type]
                                shuffle=shuffle, seed=_resolve_seed(seed))
     return DataLoader(dataloader.dataset, sampler=sampler, **_public_fields(dataloader))
+
+
+def _check_enough_samples_to_train(dataloader: DataLoader, num_replicas: int) -> None:
+    """Padding a dataset smaller than the world would train every rank on copies of the same
+    samples: almost certainly a wrong path or split, so say so instead."""
+    size = len(dataloader.dataset)  # type: ignore[arg-type]
+    if size < num_replicas:
+        raise ValueError(f"the training dataset has {size} sample(s) but there are {num_replicas} processes; "
+                         "each process needs at least one sample of its own. Use fewer devices or more data.")
 
 
 def _check_every_rank_has_a_batch(dataloader: DataLoader, num_replicas: int) -> None:

@@ -56,7 +56,24 @@ def restore_module(module: Any, checkpoint: dict[str, Any], path: str) -> None:
     try:
         module.load_state_dict(checkpoint["state_dict"])
     except RuntimeError as error:
-        raise CheckpointError(f"{path!r} does not fit {type(module).__name__}: {error}") from error
+        mismatch = describe_mismatch(module.state_dict(), checkpoint["state_dict"])
+        raise CheckpointError(f"{path!r} does not fit {type(module).__name__} (a checkpoint of another model?): "
+                              f"{mismatch}") from error
+
+
+def describe_mismatch(expected: dict[str, Any], found: dict[str, Any], shown: int = 3) -> str:
+    """One line: which keys are missing, unexpected or of another shape (the first few of each)."""
+    def listing(label: str, keys: list[str]) -> str:
+        more = f", ... ({len(keys)} in all)" if len(keys) > shown else ""
+        return f"{label} {', '.join(keys[:shown])}{more}"
+
+    missing = sorted(set(expected) - set(found))
+    unexpected = sorted(set(found) - set(expected))
+    reshaped = [f"{key} {tuple(found[key].shape)} vs {tuple(value.shape)}" for key, value in expected.items()
+                if key in found and hasattr(value, "shape") and tuple(found[key].shape) != tuple(value.shape)]
+    parts = [listing(label, keys) for label, keys in
+             (("missing:", missing), ("unexpected:", unexpected), ("other shape:", reshaped)) if keys]
+    return "; ".join(parts) or "the state_dict does not load"
 
 
 def restore_training_state(trainer: Any, module: Any, checkpoint: dict[str, Any], path: str) -> None:

@@ -28,11 +28,13 @@ from omegaconf.errors import OmegaConfBaseException
 from strategies.environment import detect_environment, processes_launched_externally
 from trainer import Trainer, seed_everything
 from trainer.cli_errors import describe_error
+from strategies.launcher import WorkerFailedError
 from trainer.config import ConfigError, normalize_precision, validate
 from trainer.loggers import TensorBoardLogger
 
 PROG = "ddp-train"
 EXIT_CONFIG_ERROR = 2
+EXIT_WORKER_FAILED = 1
 
 
 def config_dir() -> str:
@@ -59,6 +61,10 @@ def main() -> None:
         _hydra_main()
     except (ConfigError, HydraException, OmegaConfBaseException) as error:
         exit_with_config_error(error)
+    except WorkerFailedError as error:
+        # The failing rank's number and traceback are the message; our own stack adds nothing.
+        print(f"{PROG}: {error}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_WORKER_FAILED)
     finally:
         if not _user_full_error:
             os.environ.pop("HYDRA_FULL_ERROR", None)

@@ -238,6 +238,7 @@ def validate(cfg: DictConfig) -> None:
     _check_trainer(cfg.trainer)
     _check_strategy(cfg.strategy, cfg.trainer)
     _check_one_of(cfg, "monitor.mode", MONITOR_MODES)
+    _check_ckpt_path(cfg.get("ckpt_path"))
     for group in ("model", "data", "strategy"):
         if not _has_target(cfg.get(group)):
             raise ConfigError(group, _plain(cfg.get(group)), "needs a `_target_` naming the class to build")
@@ -245,6 +246,14 @@ def validate(cfg: DictConfig) -> None:
         for name, node in (cfg.get(group) or {}).items():
             if node is not None and not _has_target(node):
                 raise ConfigError(f"{group}.{name}", _plain(node), "needs a `_target_` (or null to disable it)")
+
+
+def _check_ckpt_path(ckpt_path: Any) -> None:
+    """A missing checkpoint is a typo to report now, not after the workers started."""
+    if ckpt_path is None or ckpt_path == "last":
+        return
+    if not os.path.isfile(str(ckpt_path)):
+        raise ConfigError("ckpt_path", ckpt_path, "is not a file; pass an existing checkpoint, 'last' or null")
 
 
 def _check_trainer(trainer: DictConfig) -> None:

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from strategies import Strategy, resolve_strategy
+from strategies.checkpoint_io import CheckpointError
 from trainer.callbacks.base import Callback
 from trainer.callbacks.dispatch import CallbackList, checkpoints_last
 from trainer.checkpointing import build_checkpoint
@@ -173,6 +174,9 @@ class Trainer:
         model = model if model is not None else self.lightning_module
         if model is None:
             raise TypeError(f"Trainer.{stage}() needs a model: pass one, or call fit(model) first.")
+        ckpt_path = data.get("ckpt_path")
+        if ckpt_path not in (None, "last", "best") and not os.path.isfile(ckpt_path):
+            raise CheckpointError(f"ckpt_path={ckpt_path!r} does not exist; pass a checkpoint file, 'last' or None.")
         for logger in self.loggers:
             _ = logger.version  # decided here, once, so every worker writes to the same directory
         data = {**data, "launcher_pid": os.getpid()}

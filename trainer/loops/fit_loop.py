@@ -28,6 +28,7 @@ def run_fit(trainer: Any, module: nn.Module, train_loader: Any, val_loaders: lis
     if trainer.num_training_batches == 0:
         raise ValueError("The training dataloader yields no batches (empty dataset, or limit_train_batches=0, "
                          "or drop_last with fewer samples than batch_size per rank).")
+    _check_val_interval(trainer)
     _advance_past_finished_epoch(trainer)
     module.train()
     callbacks.call("on_train_start", trainer, module)
@@ -86,6 +87,14 @@ def _should_validate(trainer: Any, batch_idx: int, val_loaders: list[Any], modul
     if isinstance(interval, float) and interval == 1.0:
         return is_last or _max_steps_reached(trainer)
     return (batch_idx + 1) % every == 0 or (is_last and isinstance(interval, float))
+
+
+def _check_val_interval(trainer: Any) -> None:
+    """An int interval longer than the epoch would silently never validate (Lightning raises too)."""
+    interval, total = trainer.val_check_interval, trainer.num_training_batches
+    if isinstance(interval, int) and trainer.check_val_every_n_epoch is not None and 0 <= total < interval:
+        raise ValueError(f"val_check_interval={interval} batches exceeds the {total} training batches per epoch; "
+                         "use a smaller int, a float fraction of the epoch, or check_val_every_n_epoch=None.")
 
 
 def _fit_done(trainer: Any) -> bool:
