@@ -90,7 +90,8 @@ def _attempt_store(environment: ClusterEnvironment, timeout: timedelta) -> dist.
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    client = dist.TCPStore(environment.main_address, environment.main_port, environment.world_size,
+    # The agent's store is where elastic points the workers, whatever the environment object says.
+    client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), environment.world_size,
                            is_master=False, timeout=timeout)
     return dist.PrefixStore(f"ddp_trainer/attempt_{attempt}", client)
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from strategies.checkpoint_io import CheckpointError
 from trainer.hparams import plain_hparams
-from trainer.seed import gather_rng_states, restore_rank_rng_states
+from trainer.seed import gather_rng_states
 
 FORMAT = "ddp-trainer"
 FORMAT_VERSION = 1
@@ -96,8 +96,7 @@ def restore_training_state(trainer: Any, module: Any, checkpoint: dict[str, Any]
     trainer.loop_state.load_state_dict(checkpoint.get("loops", {}))
     if trainer.datamodule is not None and "datamodule" in checkpoint and hasattr(trainer.datamodule, "load_state_dict"):
         trainer.datamodule.load_state_dict(checkpoint["datamodule"])
-    if "rng_states" in checkpoint:
-        restore_rank_rng_states(checkpoint["rng_states"], trainer.global_rank)
+    trainer.loop_state.rng_to_restore = checkpoint.get("rng_states")  # the fit loop applies it
 
 
 def checkpoint_candidates(dirpath: str | None) -> list[str]:

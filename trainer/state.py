@@ -17,9 +17,12 @@ class LoopState:
     should_stop: bool = False
     stage: str | None = None
     epoch_finished: bool = False
+    # Every rank's RNG states from a checkpoint, restored by the fit loop at the exact point of
+    # the interrupted run (after the resumed epoch's iterator is rebuilt), not when loading.
+    rng_to_restore: dict[str, Any] | None = None
 
     def state_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if k not in ("stage", "should_stop")}
+        return {k: v for k, v in asdict(self).items() if k not in ("stage", "should_stop", "rng_to_restore")}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key in ("current_epoch", "global_step", "batch_in_epoch", "epoch_finished"):

@@ -12,7 +12,7 @@ and pays nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -42,11 +42,14 @@ def num_batches(trainer: Any, loader: Any, stage: str) -> int:
     return min(available, int(limit))
 
 
-def iterate_limited(trainer: Any, loader: Any, stage: str, skip: int = 0) -> Iterator[tuple[int, Any]]:
+def iterate_limited(trainer: Any, loader: Any, stage: str, skip: int = 0,
+                    on_resumed: Callable[[], None] | None = None) -> Iterator[tuple[int, Any]]:
     """Yield `(batch_idx, batch on this rank's device)`, stopping at the stage's limit.
 
     `skip` fast-forwards a resumed epoch: skipped batches are drawn from the loader (so the
-    sampler order matches the interrupted run) but not moved or computed on.
+    sampler order matches the interrupted run) but not moved or computed on. `on_resumed` runs
+    where the checkpoint was taken: before the iterator is built when the epoch starts fresh,
+    else once the finished batches are drawn and before the next one is fetched.
     """
     limit = num_batches(trainer, loader, stage)
     if limit == 0:
@@ -55,11 +58,17 @@ def iterate_limited(trainer: Any, loader: Any, stage: str, skip: int = 0) -> Ite
     batches: Iterable[Any] = loader
     if stage == "train" and trainer.world_size > 1 and _may_be_uneven(loader):
         batches = stop_together(trainer.strategy, loader)
-    for batch_idx, batch in enumerate(batches):
+    if on_resumed is not None and skip == 0:
+        on_resumed()  # the checkpoint was taken between epochs, before this iterator existed
+    iterator = iter(batches)
+    for _ in range(skip if limit < 0 else min(skip, limit)):
+        if next(iterator, _EXHAUSTED) is _EXHAUSTED:
+            return
+    if on_resumed is not None and skip > 0:
+        on_resumed()  # mid-epoch: after the finished batches, before the next one
+    for batch_idx, batch in enumerate(iterator, start=skip):
         if 0 <= limit <= batch_idx:
             break
-        if batch_idx < skip:
-            continue
         batch = trainer.precision_plugin.convert_input(move_to_device(batch, device))
         trainer.metric_store.current_batch_size = _batch_size(batch)
         yield batch_idx, batch

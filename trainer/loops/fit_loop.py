@@ -19,6 +19,7 @@ from torch import nn
 from trainer.loops.batches import iterate_limited, num_batches
 from trainer.loops.evaluation import has_step, run_evaluation
 from trainer.loops.training_step import run_training_batch, step_schedulers
+from trainer.seed import restore_rank_rng_states
 
 
 def run_fit(trainer: Any, module: nn.Module, train_loader: Any, val_loaders: list[Any]) -> None:
@@ -45,7 +46,8 @@ def _run_epoch(trainer: Any, module: nn.Module, train_loader: Any, val_loaders: 
     store.reset_stage("train")
     callbacks.call("on_train_epoch_start", trainer, module)
     total = trainer.num_training_batches
-    for batch_idx, batch in iterate_limited(trainer, train_loader, "train", skip=state.batch_in_epoch):
+    for batch_idx, batch in iterate_limited(trainer, train_loader, "train", skip=state.batch_in_epoch,
+                                            on_resumed=lambda: _restore_rng(trainer)):
         if callbacks.call("on_train_batch_start", trainer, module, batch, batch_idx) == -1:
             break  # Lightning: returning -1 ends the epoch early
         window_end = (batch_idx + 1) % trainer.accumulate_grad_batches == 0 or batch_idx + 1 == total
@@ -114,6 +116,14 @@ def _advance_past_finished_epoch(trainer: Any) -> None:
     if 0 <= trainer.num_training_batches <= state.batch_in_epoch:  # -1: unsized, length unknown
         state.current_epoch += 1
         state.batch_in_epoch = 0
+
+
+def _restore_rng(trainer: Any) -> None:
+    """Put back every rank's RNG exactly where the checkpoint was taken: after the resumed epoch's
+    iterator was built (building one draws a seed) and its finished batches were drawn."""
+    states, trainer.loop_state.rng_to_restore = trainer.loop_state.rng_to_restore, None
+    if states is not None:
+        restore_rank_rng_states(states, trainer.global_rank)
 
 
 def _set_sampler_epoch(loader: Any, epoch: int) -> None:

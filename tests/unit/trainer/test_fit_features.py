@@ -238,3 +238,23 @@ def test_training_step_returning_dict_and_none(tmp_path: Path) -> None:
     trainer = _trainer(tmp_path, max_epochs=1)
     trainer.fit(Model(), datamodule=RegressionData())
     assert trainer.global_step == 8
+
+
+def test_mid_epoch_resume_with_dropout_is_bit_exact(tmp_path: Path) -> None:
+    """Resuming at batch 3 of 8 continues the sampler order and every RNG stream exactly."""
+    from tests.helpers.models import DropoutRegressor
+    from trainer import seed_everything
+    from trainer.callbacks import ModelCheckpoint
+
+    def fit(ckpt_path: str | None = None) -> DropoutRegressor:
+        seed_everything(1)
+        model = DropoutRegressor()
+        saver = ModelCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=3, save_top_k=-1)
+        _trainer(tmp_path, max_epochs=2, callbacks=[saver], enable_checkpointing=True).fit(
+            model, datamodule=RegressionData(shuffle=True), ckpt_path=ckpt_path)
+        return model
+
+    uninterrupted = fit()
+    resumed = fit(str(next((tmp_path / "ckpts").glob("*step=3*.ckpt"))))
+    for ours, theirs in zip(resumed.parameters(), uninterrupted.parameters()):
+        assert torch.equal(ours, theirs)
