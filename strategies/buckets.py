@@ -100,10 +100,14 @@ class GradBucket:
                 raise ValueError(f"bucket {index} mixes {first.device}/{first.dtype} with "
                                  f"{param.device}/{param.dtype}; plan with plan_buckets(), which groups them.")
         self.index = index
+        # True when the reducer already divided every slot by the world size (hooks that declare
+        # `accepts_prescaled` then skip their own division pass).
+        self.prescaled = False
         self.parameters: list[torch.Tensor] = list(parameters)
         total = sum(param.numel() for param in parameters)
         self._buffer = torch.zeros(total, dtype=first.dtype, device=first.device)
         self._views: list[torch.Tensor] = []
+        self._scratch: dict[torch.dtype, torch.Tensor] = {}
         self._position: dict[int, int] = {}
         offset = 0
         for position, param in enumerate(parameters):
@@ -114,6 +118,14 @@ class GradBucket:
     def buffer(self) -> torch.Tensor:
         """The flat 1-D gradient buffer of this bucket."""
         return self._buffer
+
+    def scratch(self, dtype: torch.dtype) -> torch.Tensor:
+        """A flat buffer shaped like `buffer()` in `dtype`, allocated once and reused (for hooks
+        that communicate a converted copy)."""
+        found = self._scratch.get(dtype)
+        if found is None:
+            found = self._scratch[dtype] = torch.empty_like(self._buffer, dtype=dtype)
+        return found
 
     def view_for(self, param: torch.Tensor) -> torch.Tensor:
         """The slice of the buffer that holds `param`'s gradient, shaped like `param`."""

@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch import nn
 
 
 def reachable_parameter_ids(outputs: Any) -> set[int]:
@@ -44,3 +46,19 @@ def tensors_in(obj: Any) -> Iterator[torch.Tensor]:
     elif isinstance(obj, (list, tuple)):
         for value in obj:
             yield from tensors_in(value)
+
+
+def launch_used_map(params: list[nn.Parameter], group: dist.ProcessGroup | None,
+                    world_size: int) -> torch.futures.Future[list[torch.Tensor]] | None:
+    """Sum "has a gradient" over ranks, so a param unused everywhere keeps `.grad` untouched.
+
+    The reducer issues it after every bucket on every rank, so the collective order still matches.
+    """
+    device = params[0].device if params else torch.device("cpu")
+    used = torch.tensor([param.grad is not None for param in params], dtype=torch.int32, device=device)
+    if world_size == 1:
+        future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
+        future.set_result([used.cpu()])
+        return future
+    work = dist.all_reduce(used, group=group, async_op=True)
+    return None if work is None else work.get_future().then(lambda fut: [fut.value()[0].cpu()])

@@ -14,6 +14,7 @@ import json
 import os
 import pickle
 import signal
+import socket
 import tempfile
 import time
 import traceback
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from strategies.base import Strategy
 
 SHUTDOWN_TIMEOUT_S = 5  # SIGTERM -> SIGKILL grace for the surviving workers after a failure
+_PORT_ATTEMPTS = 3  # rendezvous ports tried when the picked one was taken in between
 
 
 class WorkerFailedError(RuntimeError):
@@ -59,8 +61,6 @@ def launch(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...], kw
             raise
         _finish(strategy)
         return result
-    from torch.distributed.launcher.api import elastic_launch  # heavy import, only when launching
-
     with tempfile.TemporaryDirectory(prefix="ddp-trainer-") as run_dir, _restored_process_state():
         failures_dir = Path(run_dir, "failures")
         failures_dir.mkdir()
@@ -69,9 +69,8 @@ def launch(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...], kw
         # larger than the pipe buffer made the parent start the workers one after the other.
         payload_path = Path(run_dir, "payload.pt")
         _serialize(strategy, fn, args, kwargs, payload_path)
-        config = _launch_config(nprocs, max_restarts, run_dir)
         try:
-            results = elastic_launch(config, _worker)(str(payload_path), str(failures_dir))
+            results = _run_agent(nprocs, max_restarts, run_dir, str(payload_path), str(failures_dir))
         except ChildFailedError as error:
             raise _first_failure(error, failures_dir) from None
         except SignalException as error:  # elastic's handler turned a signal into this; workers are stopped
@@ -118,13 +117,41 @@ def _split_cpu_threads(local_world_size: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _launch_config(nprocs: int, max_restarts: int, run_dir: str) -> Any:
+def _run_agent(nprocs: int, max_restarts: int, run_dir: str, *worker_args: str) -> dict[int, Any]:
+    """Run the workers under elastic's agent with a "static" rendezvous on a port picked here.
+
+    Static, because one node has nothing to negotiate: the c10d handler's join protocol (a
+    random 0-0.3 s start skew and several store round trips) cost ~0.5 s per launch. A port
+    picked here can be taken by someone else before the agent binds it; the agent then fails
+    before any worker exists, so trying another port is safe.
+    """
+    from torch.distributed import DistNetworkError
+    from torch.distributed.launcher.api import elastic_launch  # heavy import, only when launching
+
+    for attempt in range(1, _PORT_ATTEMPTS + 1):
+        config = _launch_config(nprocs, max_restarts, run_dir, _free_port())
+        try:
+            results: dict[int, Any] = elastic_launch(config, _worker)(*worker_args)
+            return results
+        except DistNetworkError as error:
+            if "EADDRINUSE" not in str(error) or attempt == _PORT_ATTEMPTS:
+                raise
+    raise RuntimeError("unreachable: the last attempt returns or raises")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _launch_config(nprocs: int, max_restarts: int, run_dir: str, port: int) -> Any:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig
 
     options: dict[str, Any] = dict(
         min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=uuid.uuid4().hex,
-        rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0",  # port 0: the agent binds a free one, no race
+        rdzv_backend="static", rdzv_endpoint=f"127.0.0.1:{port}", rdzv_configs={"rank": 0},
         local_addr="127.0.0.1", max_restarts=max_restarts, monitor_interval=0.05, start_method="spawn",
         logs_specs=DefaultLogsSpecs(log_dir=str(Path(run_dir, "logs"))), shutdown_timeout=SHUTDOWN_TIMEOUT_S)
     supported = LaunchConfig.__dataclass_fields__  # shutdown_timeout is recent; older torch lacks it

@@ -36,7 +36,7 @@ from torch import nn
 from strategies.autotune import BucketAutotuner, autotuner_for, distinct_candidates
 from strategies.buckets import MIB, build_buckets, plan_buckets, plan_buckets_in_order, trainable_parameters
 from strategies.comm_hooks import CommHook, CommHookState, resolve_comm_hook
-from strategies.graph import reachable_parameter_ids
+from strategies.graph import launch_used_map, reachable_parameter_ids
 from strategies.telemetry import ReducerTelemetry, StepTimes
 
 _HISTORY_LIMIT = 1024  # launch orders kept; bounded so a long run does not grow without limit
@@ -77,6 +77,8 @@ class GradReducer:
         self._group = process_group
         self._hook = resolve_comm_hook(comm_hook)
         self._hook_state = CommHookState(process_group, self._world_size)
+        # A hook that averages may receive buckets already divided by the world size (see _absorb_grad).
+        self._prescale = self._world_size > 1 and getattr(self._hook, "accepts_prescaled", False)
         self._tuner = autotuner_for(bucket_cap_mb, autotune_candidates_mb, autotune_measure_steps)
         self._cap_mb = _FIRST_STEP_CAP_MB if self._tuner is not None else float(bucket_cap_mb)
         self._first_cap_mb = first_bucket_cap_mb
@@ -250,6 +252,7 @@ class GradReducer:
     # ------------------------------------------------------------------ one backward pass
     def _reset_pass(self) -> None:
         self._ready = [False] * len(self._params)
+        self._scaled = [False] * len(self._params)  # slot already divided by the world size this pass
         self._pending = [len(indexes) for indexes in self._plan]
         self._futures = [None] * len(self._plan)
         self._next_bucket = 0
@@ -266,6 +269,7 @@ class GradReducer:
         return hook
 
     def _on_grad_ready(self, index: int) -> None:
+        self._telemetry.poll()
         if not self._callback_queued:
             # One callback per pass; it runs when the whole backward graph has finished.
             torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
@@ -290,12 +294,17 @@ class GradReducer:
         grad = param.grad
         if grad is None:
             view.zero_()
+            self._scaled[index] = True  # zero divided is zero
             return
         if grad.is_sparse:
             raise RuntimeError(f"Parameter {index} has a sparse gradient, which GradReducer cannot bucket; "
                                "use dense gradients (e.g. nn.Embedding(sparse=False)).")
-        if grad.data_ptr() != view.data_ptr():  # a fresh .grad, e.g. after zero_grad(set_to_none=True)
-            view.copy_(grad)
+        if grad is not view and grad.data_ptr() != view.data_ptr():  # a fresh .grad (set_to_none=True)
+            if self._prescale:  # divide on the way in: one pass over the gradient instead of two
+                torch.div(grad, self._world_size, out=view)
+                self._scaled[index] = True
+            else:
+                view.copy_(grad)
             if self._as_view:
                 param.grad = view
 
@@ -307,11 +316,15 @@ class GradReducer:
             self._launch(self._next_bucket)
 
     def _launch(self, bucket_index: int) -> None:
-        slot = self._telemetry.bucket_launched()
-        future = self._hook(self._hook_state, self._buckets[bucket_index])
-        # A done-callback rather than `.then`: it times the bucket without chaining another future.
-        future.add_done_callback(lambda _: ReducerTelemetry.bucket_done(slot))
+        bucket = self._buckets[bucket_index]
+        if self._prescale:  # slots that accumulated in place (no_sync, set_to_none=False) are divided here
+            for index, view in zip(self._plan[bucket_index], bucket.views()):
+                if not self._scaled[index]:
+                    view.div_(self._world_size)
+            bucket.prescaled = True
+        future = self._hook(self._hook_state, bucket)
         self._futures[bucket_index] = future
+        self._telemetry.bucket_launched(future)
         self._launch_order.append(bucket_index)
         self._next_bucket += 1
 
@@ -327,8 +340,8 @@ class GradReducer:
                 if not self._ready[index]:
                     self._absorb_grad(index)
                     self._mark_ready(index)
-            used_future = self._launch_used_map() if self._find_unused else None
-            results = [future.wait() for future in self._futures if future is not None]
+            used_future = launch_used_map(self._params, self._group, self._world_size) if self._find_unused else None
+            results = [self._wait(future) for future in self._futures if future is not None]
             used = used_future.wait()[0].tolist() if used_future is not None else None
             step = self._telemetry.end_step()
             self._record_launch_order()
@@ -339,19 +352,10 @@ class GradReducer:
                 self._autotune_step(step)
             self._reset_pass()
 
-    def _launch_used_map(self) -> torch.futures.Future[list[torch.Tensor]] | None:
-        """Sum "has a gradient" over ranks, so a param unused everywhere keeps `.grad` untouched.
-
-        Issued after every bucket on every rank, so the collective order still matches.
-        """
-        device = self._buckets[0].buffer().device if self._buckets else torch.device("cpu")
-        used = torch.tensor([param.grad is not None for param in self._params], dtype=torch.int32, device=device)
-        if self._world_size == 1:
-            future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
-            future.set_result([used.cpu()])
-            return future
-        work = dist.all_reduce(used, group=self._group, async_op=True)
-        return None if work is None else work.get_future().then(lambda fut: [fut.value()[0].cpu()])
+    def _wait(self, future: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+        result = future.wait()
+        self._telemetry.poll()
+        return result
 
     def _write_back(self, results: list[torch.Tensor], used: list[int] | None) -> None:
         for indexes, bucket, result in zip(self._plan, self._buckets, results):

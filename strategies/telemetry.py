@@ -13,9 +13,11 @@ was launched and when it completed:
   the bucket intervals, so concurrent buckets are not counted twice).
 * overlap = 1 - exposed / communication: the share of communication hidden behind backward.
 
-Only host-side `time.perf_counter()` calls and one completion callback per bucket: no device
-synchronisation and no collective, so it stays on by default. (On CUDA the instants are host
-instants, i.e. when work was *issued*, which is what the Python reducer controls.)
+Only host-side `time.perf_counter()` calls and `future.done()` polls (at each gradient hook,
+at the end of backward and while waiting): no callback runs on a communication thread, no
+device synchronisation and no collective, so it stays on by default. A completion is seen at
+the next poll, which during backward is at most one parameter's gradient later. (On CUDA the
+instants are host instants, i.e. when work was *issued*.)
 """
 
 from __future__ import annotations
@@ -58,11 +60,13 @@ class ReducerTelemetry:
     _started: float = 0.0
     _backward_end: float = 0.0
     _intervals: list[list[float]] = field(default_factory=list)  # [launch, done] per bucket
+    _pending: list[tuple[list[float], Any]] = field(default_factory=list)  # (interval, future) not seen done
 
     def begin_backward(self) -> None:
         self._started = time.perf_counter()
         self._backward_end = 0.0
         self._intervals = []
+        self._pending = []
 
     def ensure_started(self) -> None:
         """Start the clock at the first gradient hook when `prepare_for_backward` was not called."""
@@ -71,17 +75,27 @@ class ReducerTelemetry:
 
     def end_backward(self) -> None:
         if not self._backward_end:
+            self.poll()
             self._backward_end = time.perf_counter()
 
-    def bucket_launched(self) -> list[float]:
-        """Start timing one bucket; the returned slot gets its completion time from `bucket_done`."""
-        slot = [time.perf_counter(), 0.0]
-        self._intervals.append(slot)
-        return slot
+    def bucket_launched(self, future: Any) -> None:
+        """Start timing one bucket whose result `future` will hold."""
+        interval = [time.perf_counter(), 0.0]
+        self._intervals.append(interval)
+        self._pending.append((interval, future))
 
-    @staticmethod
-    def bucket_done(slot: list[float]) -> None:
-        slot[1] = time.perf_counter()  # runs on the communication thread when the bucket arrives
+    def poll(self) -> None:
+        """Stamp the buckets whose communication has completed since the last poll."""
+        if not self._pending:
+            return
+        now = time.perf_counter()
+        still = []
+        for interval, future in self._pending:
+            if future.done():
+                interval[1] = now
+            else:
+                still.append((interval, future))
+        self._pending = still
 
     def end_step(self) -> StepTimes:
         """Close the step once every bucket is averaged; returns its times."""

@@ -121,12 +121,20 @@ class TelemetryMonitor(Callback):
             for logger in trainer.loggers:
                 logger.log_metrics(logged, step=trainer.global_step)
 
+    def fit_metrics(self, trainer: Any) -> dict[str, float]:
+        """Per-step averages (ms, %) over every optimizer step of this fit so far."""
+        whole = _Window()
+        whole.add(self._fit)
+        whole.add(self._window)
+        reducer = _reducer_summary(trainer)
+        return {"steps": float(whole.steps),
+                **_window_metrics(whole, _delta(_comm_totals(reducer), self._comm_fit), reducer)}
+
     def summary_line(self, trainer: Any) -> str:
         """One line for the whole fit: mean step split into phases, overlap and the bucket plan."""
         reducer = _reducer_summary(trainer)
-        totals = _delta(_comm_totals(reducer), self._comm_fit)
-        metrics = _window_metrics(self._fit, totals, reducer)
-        line = (f"telemetry: {self._fit.steps} steps, {metrics['step_ms']:.1f} ms/step = forward "
+        metrics = self.fit_metrics(trainer)
+        line = (f"telemetry: {int(metrics['steps'])} steps, {metrics['step_ms']:.1f} ms/step = forward "
                 f"{metrics['forward_ms']:.1f} + backward {metrics['backward_ms']:.1f}")
         if reducer is None:
             return line + f" + optimizer {metrics['optimizer_ms']:.1f} (+ other)"

@@ -1,0 +1,1 @@
+"""Side-by-side speed runs of our DDP against torch DDP and Lightning (`make bench`)."""

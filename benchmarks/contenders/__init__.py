@@ -1,0 +1,30 @@
+"""One module per contender; each runs as its own process: `python -m benchmarks.contenders.<name>`.
+
+Separate processes keep every contender's imports, threads and launch cost its own (Lightning's
+"ddp" re-runs the command line for the other ranks, which needs a real entry point anyway).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Contender:
+    name: str
+    label: str
+    module: str
+    options: dict[str, str] = field(default_factory=dict)
+    distributed: bool = True
+
+
+CONTENDERS: dict[str, Contender] = {c.name: c for c in (
+    Contender("single", "1 process, no DDP", "benchmarks.contenders.single", distributed=False),
+    Contender("torch_ddp", "torch DDP, hand-written loop", "benchmarks.contenders.torch_ddp"),
+    Contender("pl_ddp", "Lightning Trainer, strategy=\"ddp\"", "benchmarks.contenders.pl_ddp"),
+    Contender("ours", "our Trainer + DDPStrategy", "benchmarks.contenders.ours"),
+    Contender("pl_ours", "Lightning Trainer + our LightningDDPStrategy", "benchmarks.contenders.pl_ours"),
+    Contender("ours_bf16", "our Trainer + DDPStrategy(comm_hook=\"bf16\")", "benchmarks.contenders.ours",
+              {"comm_hook": "bf16"}),
+)}
+BASELINE = "torch_ddp"

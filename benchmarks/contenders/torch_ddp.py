@@ -1,0 +1,51 @@
+"""The hand-written baseline: torch.multiprocessing.spawn + DistributedDataParallel, as in the
+PyTorch DDP tutorial, with torch's default DDP settings (bucket_cap_mb=25, grads copied into buckets)."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data.distributed import DistributedSampler
+
+from benchmarks.contenders.data import loader, workload
+from benchmarks.probe import Probe, parse_args, threads_per_rank
+from benchmarks.workloads import loss_fn, make_optimizer
+
+
+def worker(rank: int, args: argparse.Namespace, port: int) -> None:
+    torch.set_num_threads(threads_per_rank(args.devices))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.devices)
+    probe, work = Probe(args), workload(args)
+    model = DistributedDataParallel(work.model())
+    optimizer = make_optimizer(work, model)
+    data = loader(work, probe.total_steps, args.devices)
+    data = torch.utils.data.DataLoader(data.dataset, batch_size=work.batch_size, drop_last=True,
+                                       sampler=DistributedSampler(data.dataset, shuffle=False))
+    loss = torch.zeros(())
+    for step, batch in enumerate(data):
+        if step == probe.total_steps:
+            break
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model, batch)
+        loss.backward()
+        optimizer.step()
+        probe.step_end()
+    probe.finish(rank, float(loss.detach()), {"threads": torch.get_num_threads()})
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    args = parse_args()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mp.spawn(worker, args=(args, port), nprocs=args.devices)
+
+
+if __name__ == "__main__":
+    main()

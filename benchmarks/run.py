@@ -1,0 +1,244 @@
+"""`make bench` = `python -m benchmarks.run`: every contender on every workload, interleaved.
+
+Each run is a fresh process tree (so launch cost and memory are measured, not shared). Repeats
+are interleaved, round-robin with the contender order rotated each round, so a slow minute on
+a shared machine hits every contender alike; results are medians with min-max.
+
+    python -m benchmarks.run                 # full: 3 workloads x 6 contenders x 5 repeats, sweep, accuracy
+    python -m benchmarks.run --quick         # smoke: 1 repeat, a few steps, no sweep/accuracy
+    python -m benchmarks.run --quick --workloads cnn --contenders single,ours --steps 2 --out /tmp/b
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks import report
+from benchmarks.contenders import CONTENDERS, Contender
+from benchmarks.workloads import WORKLOADS
+
+RESULTS = Path(__file__).parent / "results"
+DOCS_RESULTS = Path(__file__).parents[1] / "docs" / "results.md"
+STEPS = {"mlp": (10, 40), "gpt": (5, 20), "cnn": (5, 20)}  # (warm-up, measured) per workload
+QUICK_STEPS = (1, 2)
+SWEEP_CAPS = ("1", "2", "4", "8", "16", "25", "64", "auto")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="1 repeat, few steps, no sweep or accuracy runs")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--contenders", default=",".join(CONTENDERS))
+    parser.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default 5; quick 1)")
+    parser.add_argument("--warmup", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=None, help="measured steps per run")
+    parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=None,
+                        help="bucket-size sweep of ours on the comm-bound workload (default: on unless --quick)")
+    parser.add_argument("--accuracy", action=argparse.BooleanOptionalAction, default=None,
+                        help="digits val_acc with fp32 vs bf16 communication (default: on unless --quick)")
+    parser.add_argument("--docs", default=None, help=f"also write the README section here (default: {DOCS_RESULTS} "
+                                                      "for a full run)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per contender run")
+    parser.add_argument("--baseline-root", default=None,
+                        help="another checkout: contenders named NAME@base run its trainer/strategies "
+                             "(before/after figures), e.g. --contenders ours,ours@base")
+    args = parser.parse_args(argv)
+    args.workloads = _names(args.workloads, WORKLOADS, "--workloads")
+    known = {**CONTENDERS, **({f"{name}@base": c for name, c in CONTENDERS.items()} if args.baseline_root else {})}
+    args.contenders = _names(args.contenders, known, "--contenders")
+    args.repeats = args.repeats or (1 if args.quick else 5)
+    args.sweep = (not args.quick) if args.sweep is None else args.sweep
+    args.accuracy = (not args.quick) if args.accuracy is None else args.accuracy
+    if args.docs is None and not args.quick:
+        args.docs = str(DOCS_RESULTS)
+    return args
+
+
+def _names(text: str, known: dict[str, Any], flag: str) -> list[str]:
+    names = [name for name in text.split(",") if name]
+    unknown = [name for name in names if name not in known]
+    if unknown or not names:
+        raise SystemExit(f"{flag}: unknown {unknown or text!r}; expected a comma-separated subset of {list(known)}")
+    return names
+
+
+def steps_for(workload: str, args: argparse.Namespace) -> tuple[int, int]:
+    warmup, steps = QUICK_STEPS if args.quick else STEPS[workload]
+    return (args.warmup if args.warmup is not None else warmup), (args.steps if args.steps is not None else steps)
+
+
+# ---------------------------------------------------------------------- one run
+def run_contender(contender: Contender, workload: str, warmup: int, steps: int, timeout: float,
+                  options: dict[str, str] | None = None, code_root: str | None = None,
+                  name: str | None = None) -> dict[str, Any]:
+    """Start the contender's process tree, wait, and read back what each rank wrote."""
+    options = {**contender.options, **(options or {})}
+    ranks = 2 if contender.distributed else 1
+    with tempfile.TemporaryDirectory(prefix="bench-") as out:
+        command = [sys.executable, "-m", contender.module, "--workload", workload, "--warmup", str(warmup),
+                   "--steps", str(steps), "--devices", str(ranks), "--out", out]
+        command += [item for key, value in options.items() for item in (f"--{key.replace('_', '-')}", value)]
+        t0 = time.time()
+        done = subprocess.run([*command, "--t0", repr(t0)], capture_output=True, text=True, timeout=timeout,
+                              cwd=Path(__file__).parents[1], env=_child_env(code_root))
+        wall = time.time() - t0
+        records = [json.loads(path.read_text()) for path in sorted(Path(out).glob("rank*.json"))]
+    run: dict[str, Any] = {"workload": workload, "contender": name or contender.name, "options": options,
+                           "returncode": done.returncode, "wall_s": wall, "ranks": records}
+    if done.returncode != 0 or len(records) != ranks:
+        run["error"] = (done.stderr or done.stdout)[-3000:]
+        return run
+    rank0 = min(records, key=lambda record: record["rank"])
+    batch = WORKLOADS[workload].batch_size
+    run.update(samples_per_s=rank0["measured_steps"] * batch * ranks / rank0["measured_s"],
+               launch_to_first_step_s=rank0["launch_to_first_step_s"],
+               peak_rss_mib=max(record["peak_rss_mib"] for record in records),
+               final_loss=rank0["final_loss"], reducer=rank0.get("reducer"), telemetry=rank0.get("telemetry"))
+    return run
+
+
+def _child_env(code_root: str | None = None) -> dict[str, str]:
+    """The contenders import this checkout, or `code_root`'s `trainer` and `strategies` first
+    (the `@base` contenders of --baseline-root; `benchmarks` still comes from here)."""
+    env = dict(os.environ)
+    roots = [code_root, str(Path(__file__).parents[1]), env.get("PYTHONPATH")]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, roots))
+    env.setdefault("PYTHONWARNINGS", "ignore")
+    return env
+
+
+def interleaved(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Round-robin over workloads and contenders, rotating the contender order every round."""
+    runs = []
+    for repeat in range(args.repeats):
+        order = args.contenders[repeat % len(args.contenders):] + args.contenders[:repeat % len(args.contenders)]
+        for workload in args.workloads:
+            warmup, steps = steps_for(workload, args)
+            for name in order:
+                base, _, tag = name.partition("@")
+                run = run_contender(CONTENDERS[base], workload, warmup, steps, args.timeout, name=name,
+                                    code_root=args.baseline_root if tag else None)
+                run["repeat"] = repeat
+                runs.append(run)
+                _progress(run)
+    return runs
+
+
+def _progress(run: dict[str, Any]) -> None:
+    if "error" in run:
+        print(f"  {run['workload']:4s} {run['contender']:10s} FAILED (exit {run['returncode']})", flush=True)
+        return
+    print(f"  {run['workload']:4s} {run['contender']:10s} {json.dumps(run.get('options') or {}):24s} "
+          f"{run['samples_per_s']:9.1f} samples/s  launch {run['launch_to_first_step_s']:5.2f} s  "
+          f"rss {run['peak_rss_mib']:6.0f} MiB  (load {os.getloadavg()[0]:.2f})", flush=True)
+
+
+# ---------------------------------------------------------------------- sweep and accuracy
+def bucket_sweep(args: argparse.Namespace, workload: str = "mlp") -> dict[str, Any]:
+    """Ours on the comm-bound workload for several bucket caps (and "auto"), torch DDP as reference."""
+    warmup, steps = steps_for(workload, args)
+    warmup = max(warmup, 20)  # "auto" measures during its first steps: keep them out of the timing
+    runs = []
+    for repeat in range(max(1, args.repeats - 2)):
+        for cap in (*SWEEP_CAPS, "torch_ddp"):
+            contender = CONTENDERS["torch_ddp" if cap == "torch_ddp" else "ours"]
+            options = {} if cap == "torch_ddp" else {"bucket_cap_mb": cap}
+            run = run_contender(contender, workload, warmup, steps, args.timeout, options)
+            run.update(repeat=repeat, cap=cap)
+            runs.append(run)
+            _progress(run)
+    return {"workload": workload, "caps": list(SWEEP_CAPS), "warmup": warmup, "steps": steps, "runs": runs}
+
+
+def digits_accuracy(seeds: tuple[int, ...] = (0, 1, 2)) -> dict[str, Any]:
+    """`ddp-train` on digits (2 ranks, 10 epochs) with fp32 and bf16 communication: final val_acc."""
+    results: dict[str, Any] = {"seeds": list(seeds), "val_acc": {"fp32": [], "bf16": []}}
+    for seed in seeds:
+        for name, hook in (("fp32", "null"), ("bf16", "bf16")):
+            with tempfile.TemporaryDirectory(prefix="bench-acc-") as out:
+                command = [sys.executable, "-m", "trainer", f"strategy.comm_hook={hook}", f"seed={seed}", "logger=csv",
+                           "callbacks=none", "trainer.enable_progress_bar=false", f"hydra.run.dir={out}"]
+                done = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                                      cwd=Path(__file__).parents[1], env=_child_env())
+                results["val_acc"][name].append(_last_val_acc(Path(out)) if done.returncode == 0 else None)
+                if done.returncode != 0:
+                    results.setdefault("errors", []).append(done.stderr[-2000:])
+    results["command"] = "ddp-train strategy.comm_hook={null,bf16} seed={0,1,2} logger=csv callbacks=none"
+    return results
+
+
+def _last_val_acc(run_dir: Path) -> float | None:
+    import csv
+
+    value = None
+    for path in run_dir.rglob("metrics.csv"):
+        with path.open() as handle:
+            for row in csv.DictReader(handle):
+                if row.get("val_acc"):
+                    value = float(row["val_acc"])
+    return value
+
+
+# ---------------------------------------------------------------------- main
+def machine() -> dict[str, Any]:
+    import torch
+
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
+    return {"cpu": model, "cores": len(os.sched_getaffinity(0)), "python": platform.python_version(),
+            "torch": torch.__version__, "pytorch_lightning": _version("pytorch_lightning"),
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "platform": platform.platform()}
+
+
+def _version(package: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"command": "python -m benchmarks.run " + " ".join(sys.argv[1:] if argv is None else argv),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"), "load_before": os.getloadavg(), **machine(),
+            "repeats": args.repeats, "steps": {w: steps_for(w, args) for w in args.workloads},
+            "batch_per_rank": {w: WORKLOADS[w].batch_size for w in args.workloads}}
+    print(f"benchmark: {meta['command']}  (load {meta['load_before'][0]:.2f}, {meta['cores']} cores)", flush=True)
+    results: dict[str, Any] = {"meta": meta, "runs": interleaved(args)}
+    if args.accuracy:
+        results["accuracy"] = digits_accuracy()
+    if args.sweep:
+        sweep = bucket_sweep(args)
+        (out / "sweep.json").write_text(json.dumps(sweep, indent=1))
+        report.plot_sweep(sweep, out / "sweep.png")
+        results["sweep"] = report.summarize_sweep(sweep)
+    meta["load_after"] = os.getloadavg()
+    results["summary"] = report.summarize(results["runs"])
+    results["targets"] = report.targets(results["summary"], results.get("accuracy"))
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    (out / "results.md").write_text(report.render_markdown(results))
+    report.plot_results(results, out / "results.png")
+    if args.docs:
+        Path(args.docs).write_text(report.render_readme_section(results))
+    print(report.render_table(results))
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""`python -m benchmarks.run --quick` end to end on the smallest workload, and the report
+rendering on synthetic results (every table, target and plot path, without running anything)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import report
+
+REPO = Path(__file__).parents[2]
+
+
+@pytest.mark.timeout(120)
+def test_quick_run_writes_json_markdown_and_plot(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "benchmarks.run", "--quick", "--workloads", "cnn", "--contenders",
+               "torch_ddp,ours", "--steps", "2", "--warmup", "1", "--out", str(tmp_path), "--docs",
+               str(tmp_path / "readme.md")]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=110)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    runs = results["runs"]
+    assert [run["contender"] for run in runs] == ["torch_ddp", "ours"]
+    assert all("error" not in run for run in runs), [run.get("error") for run in runs]
+    for run in runs:
+        assert run["samples_per_s"] > 0 and run["launch_to_first_step_s"] > 0 and run["peak_rss_mib"] > 100
+        assert [rank["steps_done"] for rank in run["ranks"]] == [3, 3]
+    assert runs[0]["final_loss"] == pytest.approx(runs[1]["final_loss"], abs=1e-5)  # same work, same result
+    assert runs[1]["reducer"]["synced_steps"] == 3
+    assert "| cnn (compute-bound) | our Trainer + DDPStrategy |" in (tmp_path / "results.md").read_text()
+    assert (tmp_path / "results.png").stat().st_size > 10_000
+    assert (tmp_path / "readme.md").read_text().startswith("## Results")
+
+
+def _run(workload: str, contender: str, repeat: int, speed: float) -> dict:
+    return {"workload": workload, "contender": contender, "repeat": repeat, "samples_per_s": speed,
+            "launch_to_first_step_s": 5.0, "peak_rss_mib": 400.0, "final_loss": 1.0,
+            "reducer": {"buckets": 3, "autotune": {"chosen_mb": 25.0}}}
+
+
+def test_report_ratios_targets_and_rendering(tmp_path: Path) -> None:
+    speeds = {"torch_ddp": 100.0, "ours": 120.0, "pl_ddp": 95.0, "pl_ours": 97.0, "ours_bf16": 150.0}
+    runs = [_run(workload, name, repeat, speed * (1 + repeat / 100))
+            for repeat in range(3) for workload in ("mlp", "cnn") for name, speed in speeds.items()]
+    runs.append({**_run("cnn", "single", 0, 50.0), "error": "boom"})
+    summary = report.summarize(runs)
+    assert summary["mlp"]["ours"]["samples_per_s"]["median"] == pytest.approx(121.2)
+    assert summary["mlp"]["ours"]["speed_vs_torch_ddp"]["median"] == pytest.approx(1.2)
+    assert summary["cnn"]["single"]["failed"] == 1 and summary["cnn"]["single"]["samples_per_s"] is None
+    accuracy = {"val_acc": {"fp32": [0.97, 0.96], "bf16": [0.965, 0.96]}, "command": "ddp-train ..."}
+    found = {item["target"]: item for item in report.targets(summary, accuracy)}
+    assert found["ours / torch DDP, mlp (comm-bound)"]["met"] is True  # 1.20 >= 1.15
+    assert found["ours bf16 / torch DDP, mlp"]["met"] is True
+    assert found["ours / Lightning ddp, cnn"]["met"] is True
+    assert found["digits val_acc |bf16 - fp32| comm (points)"]["measured"] == pytest.approx(0.25)
+    sweep = {"workload": "mlp", "caps": ["1", "25", "auto"],
+             "runs": [{**_run("mlp", "ours", 0, 100.0 + i), "cap": cap} for i, cap in enumerate(["1", "25", "auto",
+                                                                                                   "torch_ddp"])]}
+    results = {"meta": {"command": "x", "started": "now", "load_before": [0.5], "load_after": [0.6], "cpu": "cpu",
+                        "cores": 2, "torch": "2", "pytorch_lightning": "2", "python": "3.11", "cuda": None,
+                        "repeats": 3, "steps": {"mlp": [1, 2], "cnn": [1, 2]},
+                        "batch_per_rank": {"mlp": 32, "cnn": 32}},
+               "runs": runs, "summary": summary, "targets": list(found.values()), "accuracy": accuracy,
+               "sweep": report.summarize_sweep(sweep)}
+    markdown = report.render_markdown(results)
+    assert "| mlp (comm-bound) | our Trainer + DDPStrategy | 121.2 (120.0–122.4) | **1.20×** (1.20–1.20) |" in markdown
+    assert "| cnn (compute-bound) | 1 process, no DDP | failed |" in markdown
+    assert "auto → 25.0" in markdown and "CUDA device: none" in markdown
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    (tmp_path / "sweep.json").write_text(json.dumps(sweep))
+    report.regenerate(tmp_path / "results.json", tmp_path / "section.md")
+    assert (tmp_path / "results.png").exists() and (tmp_path / "sweep.png").exists()
+    assert "### Targets" in (tmp_path / "section.md").read_text()
