@@ -57,24 +57,24 @@ class ReducerTelemetry:
 
     last: StepTimes = field(default_factory=StepTimes)
     totals: _Totals = field(default_factory=_Totals)
-    _started: float = 0.0
-    _backward_end: float = 0.0
+    _started: float | None = None  # None: no synchronised pass in progress
+    _backward_end: float | None = None
     _intervals: list[list[float]] = field(default_factory=list)  # [launch, done] per bucket
     _pending: list[tuple[list[float], Any]] = field(default_factory=list)  # (interval, future) not seen done
 
     def begin_backward(self) -> None:
         self._started = time.perf_counter()
-        self._backward_end = 0.0
+        self._backward_end = None
         self._intervals = []
         self._pending = []
 
     def ensure_started(self) -> None:
         """Start the clock at the first gradient hook when `prepare_for_backward` was not called."""
-        if not self._started:
+        if self._started is None:
             self.begin_backward()
 
     def end_backward(self) -> None:
-        if not self._backward_end:
+        if self._backward_end is None:
             self.poll()
             self._backward_end = time.perf_counter()
 
@@ -100,8 +100,8 @@ class ReducerTelemetry:
     def end_step(self) -> StepTimes:
         """Close the step once every bucket is averaged; returns its times."""
         now = time.perf_counter()
-        started = self._started or now
-        backward_end = self._backward_end or now  # no autograd callback: finish_backward ended it
+        started = now if self._started is None else self._started
+        backward_end = now if self._backward_end is None else self._backward_end  # None: finish_backward ended it
         step = StepTimes(backward_s=backward_end - started, exposed_comm_s=now - backward_end,
                          comm_s=_union_length(self._intervals, now))
         self.last = step
@@ -110,7 +110,7 @@ class ReducerTelemetry:
         totals.backward_s += step.backward_s
         totals.exposed_comm_s += step.exposed_comm_s
         totals.comm_s += step.comm_s
-        self._started = 0.0
+        self._started = None
         return step
 
     def summary(self) -> dict[str, Any]:
