@@ -40,6 +40,9 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable[..., Any], args:
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=60))
         result: Any = ("ok", fn(rank, world_size, *args))
+        # A rank that tore down right after its last collective could close connections its
+        # peer still reads from (gloo then aborts the peer): wait for everyone first.
+        dist.barrier()
     except BaseException:  # noqa: BLE001 - every failure must reach the parent
         result = ("error", traceback.format_exc())
     finally:
