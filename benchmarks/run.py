@@ -48,7 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--accuracy", action=argparse.BooleanOptionalAction, default=None,
                         help="digits val_acc with fp32 vs bf16 communication (default: on unless --quick)")
     parser.add_argument("--docs", default=None, help=f"also write the README section here (default: {DOCS_RESULTS} "
-                                                      "for a full run)")
+                                                      "for a full run into the default --out)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per contender run")
     parser.add_argument("--baseline-root", default=None,
                         help="another checkout: contenders named NAME@base run its trainer/strategies "
@@ -60,8 +60,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.repeats = args.repeats or (1 if args.quick else 5)
     args.sweep = (not args.quick) if args.sweep is None else args.sweep
     args.accuracy = (not args.quick) if args.accuracy is None else args.accuracy
-    if args.docs is None and not args.quick:
-        args.docs = str(DOCS_RESULTS)
+    if args.docs is None and not args.quick and Path(args.out).resolve() == RESULTS.resolve():
+        args.docs = str(DOCS_RESULTS)  # only the canonical full run rewrites the README section
     return args
 
 
