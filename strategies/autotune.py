@@ -24,6 +24,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from strategies.hang_guard import LEDGER
+
 AUTO = "auto"
 DEFAULT_CANDIDATES_MB: tuple[float, ...] = (1.0, 4.0, 25.0, 100.0)
 
@@ -91,10 +93,12 @@ class BucketAutotuner:
         times = torch.tensor(self.local_medians(), dtype=torch.float64)
         choice = torch.zeros(1, dtype=torch.int64)
         if world_size > 1:
+            LEDGER.begin("all_reduce(bucket autotune timings)", times)
             dist.all_reduce(times, op=dist.ReduceOp.MAX, group=group)
         choice[0] = int(torch.argmin(times).item())
         if world_size > 1:
             src = 0 if group is None else dist.get_global_rank(group, 0)
+            LEDGER.begin("broadcast(bucket autotune choice)", choice)
             dist.broadcast(choice, src=src, group=group)
         self.agreed_ms = [value * 1e3 for value in times.tolist()]
         self.chosen_mb = self.candidates_mb[int(choice.item())]

@@ -34,6 +34,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from strategies.checkpoint_io import CheckpointIO, TorchCheckpointIO
+from strategies.hang_guard import LEDGER
 
 ReduceOp = Literal["mean", "sum", "max", "min"]
 ACCELERATORS = ("cpu", "cuda", "auto")
@@ -168,7 +169,8 @@ class Strategy(abc.ABC):
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> None:
         """Every rank calls; global rank 0 writes atomically; everyone waits for the write."""
         if self.is_global_zero:
-            self.checkpoint_io.save(checkpoint, path)
+            with LEDGER.local_work_section(f"saving checkpoint {path}"):  # peers wait for it, legitimately
+                self.checkpoint_io.save(checkpoint, path)
         self.barrier("save_checkpoint")
 
     def load_checkpoint(self, path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import numbers
+import os
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,7 @@ from strategies import process_group
 from strategies.autotune import AUTO
 from strategies.base import ACCELERATORS, ReduceOp, Strategy
 from strategies.checkpoint_io import CheckpointIO
+from strategies.hang_guard import LEDGER, HangGuard
 from strategies.environment import (ClusterEnvironment, check_launch_matches, detect_environment,
                                     processes_launched_externally)
 from strategies.rank_zero import rank_prefixed_message
@@ -32,6 +34,7 @@ from strategies.sampler import distribute_dataloader
 if TYPE_CHECKING:
     from strategies.reducer import GradReducer
 
+DEBUG_COLLECTIVES_VARIABLE = "DDP_TRAINER_DEBUG_COLLECTIVES"  # =1: debug_collectives for any run
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
                "min": dist.ReduceOp.MIN}
 
@@ -43,6 +46,9 @@ class DDPStrategy(Strategy):
     `comm_hook` is None (plain mean), "fp16", "bf16" or a `(state, bucket) -> Future` callable.
     `bucket_cap_mb="auto"` times a few bucket sizes during the first steps and keeps the fastest
     (all ranks agree); `state_dict()` carries the pick into checkpoints so a resume skips it.
+    `stall_timeout` (seconds, None = off) arms the hang guard: ranks that stop meeting in the same
+    collective end the job naming ranks, operations and call sites (`strategies/hang_guard.py`),
+    long before `timeout`; `debug_collectives=True` fingerprints every collective across ranks.
     """
 
     def __init__(self, bucket_cap_mb: float | str = 25, first_bucket_cap_mb: float = 1,
@@ -50,14 +56,17 @@ class DDPStrategy(Strategy):
                  find_unused_parameters: bool = False, broadcast_buffers: bool = True,
                  sync_batchnorm: bool = False, process_group_backend: str | None = None,
                  timeout: timedelta = timedelta(minutes=10), max_restarts: int = 0, accelerator: str = "auto",
-                 checkpoint_io: CheckpointIO | None = None) -> None:
+                 checkpoint_io: CheckpointIO | None = None, stall_timeout: float | None = 25.0,
+                 debug_collectives: bool = False) -> None:
         super().__init__(accelerator=accelerator, checkpoint_io=checkpoint_io)
         if bucket_cap_mb != AUTO:
             _check_positive_number("bucket_cap_mb", bucket_cap_mb)
         _check_positive_number("first_bucket_cap_mb", first_bucket_cap_mb)
+        if stall_timeout is not None:
+            _check_positive_number("stall_timeout", stall_timeout, unit="seconds")
         for name, flag in (("gradient_as_bucket_view", gradient_as_bucket_view), ("sync_batchnorm", sync_batchnorm),
                            ("find_unused_parameters", find_unused_parameters),
-                           ("broadcast_buffers", broadcast_buffers)):
+                           ("broadcast_buffers", broadcast_buffers), ("debug_collectives", debug_collectives)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {flag!r}.")
         from strategies.comm_hooks import resolve_comm_hook
@@ -77,6 +86,9 @@ class DDPStrategy(Strategy):
         self.find_unused_parameters, self.broadcast_buffers = find_unused_parameters, broadcast_buffers
         self.sync_batchnorm, self.process_group_backend = sync_batchnorm, process_group_backend
         self.timeout, self.max_restarts = timeout, max_restarts
+        self.stall_timeout = None if stall_timeout is None else float(stall_timeout)
+        self.debug_collectives = debug_collectives
+        self._hang_guard: HangGuard | None = None
         self._environment: ClusterEnvironment | None = None
         self._reducer: GradReducer | None = None
         self._owns_process_group = False
@@ -141,6 +153,16 @@ class DDPStrategy(Strategy):
         backend = process_group.resolve_backend(self.process_group_backend, self.root_device)
         self._owns_process_group = process_group.init_process_group(
             self._environment, backend=backend, device=self.root_device, timeout=self.timeout)
+        self._start_hang_guard()
+
+    def _start_hang_guard(self) -> None:
+        debug = self.debug_collectives or os.environ.get(DEBUG_COLLECTIVES_VARIABLE, "") not in ("", "0")
+        if self.world_size == 1 or (self.stall_timeout is None and not debug):
+            return
+        # Off (None) only disarms the verdicts on stalls; debug fingerprints still need a bound.
+        stall_timeout = self.stall_timeout or self.timeout.total_seconds()
+        self._hang_guard = HangGuard(dist.distributed_c10d._get_default_store(), self.global_rank,
+                                     self.world_size, stall_timeout=stall_timeout, debug=debug).start()
 
     @override
     def setup_module(self, module: nn.Module) -> nn.Module:
@@ -150,8 +172,8 @@ class DDPStrategy(Strategy):
         if self.sync_batchnorm:
             module = nn.SyncBatchNorm.convert_sync_batchnorm(module)
         module = module.to(self.root_device)
-        _check_same_parameters(module, self.global_rank)
-        _broadcast_tensors([*module.parameters(), *module.buffers()])
+        check_same_parameters(module, self.global_rank)
+        broadcast_tensors([*module.parameters(), *module.buffers()])
         if self._reducer is not None:
             self._reducer.remove()
         self._reducer = GradReducer(module, bucket_cap_mb=self.bucket_cap_mb,
@@ -171,11 +193,14 @@ class DDPStrategy(Strategy):
     def training_step(self, module: nn.Module, *args: Any, **kwargs: Any) -> Any:
         if self.broadcast_buffers and dist.is_initialized() and dist.get_world_size() > 1:
             # Like DDP's forward: rank 0's running stats win, so every rank normalises alike.
-            _broadcast_tensors(list(module.buffers()))
+            broadcast_tensors(list(module.buffers()))
         return super().training_step(module, *args, **kwargs)
 
     @override
     def teardown(self) -> None:
+        if self._hang_guard is not None:
+            self._hang_guard.stop(finished=True)
+            self._hang_guard = None
         if self._reducer is not None:
             self._reducer.remove()
             self._reducer = None
@@ -209,7 +234,8 @@ class DDPStrategy(Strategy):
         result = tensor.detach().clone().to(self.root_device)
         if op == "mean" and not (result.is_floating_point() or result.is_complex()):
             result = result.double()  # the mean of integers is not an integer
-        dist.all_reduce(result, op=_REDUCE_OPS[op])
+        with LEDGER.collective(f"all_reduce({op})", result):
+            dist.all_reduce(result, op=_REDUCE_OPS[op])
         if op == "mean":
             result /= dist.get_world_size()
         return result.to(tensor.device)
@@ -220,13 +246,15 @@ class DDPStrategy(Strategy):
             return tensor.unsqueeze(0)
         local = tensor.detach().contiguous().to(self.root_device)
         shapes: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(shapes, tuple(local.shape))
+        with LEDGER.collective("all_gather(shapes)"):
+            dist.all_gather_object(shapes, tuple(local.shape))
         if len(set(shapes)) > 1:
             raise ValueError(rank_prefixed_message(
                 f"all_gather needs the same shape on every rank, got {dict(enumerate(shapes))}; "
                 f"pad the tensors to a common shape first.", self.global_rank))
         gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
-        dist.all_gather(gathered, local)
+        with LEDGER.collective("all_gather", local):
+            dist.all_gather(gathered, local)
         return torch.stack(gathered).to(tensor.device)
 
     @override
@@ -234,17 +262,19 @@ class DDPStrategy(Strategy):
         if not dist.is_initialized():
             return obj
         holder = [obj]
-        dist.broadcast_object_list(holder, src=src)
+        with LEDGER.collective(f"broadcast(object, src={src})"):
+            dist.broadcast_object_list(holder, src=src)
         return holder[0]
 
     @override
     def barrier(self, name: str | None = None) -> None:
         if not dist.is_initialized():
             return
-        if dist.get_backend() == "nccl":
-            dist.barrier(device_ids=[self.root_device.index or 0])
-        else:
-            dist.barrier()
+        with LEDGER.collective(f"barrier({name})" if name else "barrier"):
+            if dist.get_backend() == "nccl":
+                dist.barrier(device_ids=[self.root_device.index or 0])
+            else:
+                dist.barrier()
 
     # ------------------------------------------------------------------ state in checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -292,22 +322,24 @@ class DDPStrategy(Strategy):
 
     def __getstate__(self) -> dict[str, Any]:
         # Only configuration travels to the workers; per-process state is rebuilt there.
-        return {**self.__dict__, "_environment": None, "_reducer": None, "_owns_process_group": False}
+        return {**self.__dict__, "_environment": None, "_reducer": None, "_owns_process_group": False,
+                "_hang_guard": None}
 
 
-def _check_positive_number(name: str, value: Any) -> None:
+def _check_positive_number(name: str, value: Any, unit: str = "MiB") -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number (MiB), got {type(value).__name__} {value!r}.")
+        raise TypeError(f"{name} must be a number ({unit}), got {type(value).__name__} {value!r}.")
     if not float(value) > 0:
-        raise ValueError(f"{name} must be > 0 (MiB), got {value!r}.")
+        raise ValueError(f"{name} must be > 0 ({unit}), got {value!r}.")
 
 
-def _check_same_parameters(module: nn.Module, rank: int) -> None:
+def check_same_parameters(module: nn.Module, rank: int) -> None:
     """Every rank must hold the same parameter names and shapes, or the buckets would not line
     up and the first all-reduce would hang or mix unrelated gradients. Raises on every rank."""
     mine = [(name, tuple(param.shape), str(param.dtype)) for name, param in module.named_parameters()]
     everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine)
+    with LEDGER.collective("all_gather(parameter names and shapes)"):
+        dist.all_gather_object(everyone, mine)
     reference = everyone[0]
     for other_rank, theirs in enumerate(everyone[1:], start=1):
         if theirs == reference:
@@ -323,14 +355,15 @@ def _check_same_parameters(module: nn.Module, rank: int) -> None:
 
 
 @torch.no_grad()
-def _broadcast_tensors(tensors: list[torch.Tensor]) -> None:
+def broadcast_tensors(tensors: list[torch.Tensor]) -> None:
     """Copy rank 0's values into `tensors`, one flat collective per (device, dtype) group."""
     groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     for tensor in tensors:
         groups.setdefault((tensor.device, tensor.dtype), []).append(tensor)
     for group in groups.values():
         flat = torch.cat([tensor.detach().reshape(-1) for tensor in group])
-        dist.broadcast(flat, src=0)
+        with LEDGER.collective("broadcast(parameters/buffers from rank 0)", flat):
+            dist.broadcast(flat, src=0)
         offset = 0
         for tensor in group:
             tensor.copy_(flat[offset:offset + tensor.numel()].view_as(tensor))

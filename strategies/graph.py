@@ -13,6 +13,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from strategies.hang_guard import LEDGER
+
 
 def reachable_parameter_ids(outputs: Any) -> set[int]:
     """ids of the leaf tensors whose AccumulateGrad nodes are reachable from `outputs`' graph."""
@@ -60,5 +62,6 @@ def launch_used_map(params: list[nn.Parameter], group: dist.ProcessGroup | None,
         future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
         future.set_result([used.cpu()])
         return future
+    LEDGER.begin("all_reduce(unused-parameter map)", used)
     work = dist.all_reduce(used, group=group, async_op=True)
     return None if work is None else work.get_future().then(lambda fut: [fut.value()[0].cpu()])

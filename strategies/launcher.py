@@ -10,13 +10,13 @@ other worker as soon as one fails (SIGTERM, then SIGKILL), so nothing is left be
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import json
 import os
 import pickle
 import signal
 import socket
 import tempfile
-import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterator
@@ -28,6 +28,7 @@ from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 
 from strategies.environment import LOCAL_LAUNCH_MARKER
+from strategies.hang_guard import FAILURES_DIR_VARIABLE, write_failure_stamp
 from strategies.rank_zero import rank_prefixed_message
 
 if TYPE_CHECKING:
@@ -84,6 +85,9 @@ def launch(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...], kw
 def _worker(payload_path: str, failures_dir: str) -> bytes | None:
     """Entry point of every spawned worker (module level, so `spawn` can import it)."""
     os.environ[LOCAL_LAUNCH_MARKER] = "1"
+    os.environ[FAILURES_DIR_VARIABLE] = failures_dir  # the hang guard stamps its verdict there too
+    # A rank killed by a C++ abort (gloo on mismatched collectives) leaves its Python stack here.
+    faulthandler.enable(file=open(Path(failures_dir, f"{os.environ.get('RANK', '0')}.fault"), "w"))  # noqa: SIM115
     _split_cpu_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     try:
         strategy, fn, args, kwargs = _deserialize(payload_path)
@@ -94,8 +98,7 @@ def _worker(payload_path: str, failures_dir: str) -> bytes | None:
     except BaseException:
         # Stamp the failure with a precise time before the process exits: the peers' errors
         # that this exit causes come later, so the earliest stamp is the root cause.
-        stamp = {"time_ns": time.time_ns(), "traceback": traceback.format_exc()}
-        Path(failures_dir, f"{os.environ.get('RANK', '0')}.json").write_text(json.dumps(stamp))
+        write_failure_stamp(Path(failures_dir), traceback.format_exc())
         raise
 
 
@@ -163,16 +166,14 @@ def _first_failure(error: ChildFailedError, failures_dir: Path) -> WorkerFailedE
     stamps = {int(path.stem): json.loads(path.read_text()) for path in failures_dir.glob("*.json")}
     for rank, failure in sorted(error.failures.items()):
         if failure.exitcode < 0 and rank not in stamps:
-            return WorkerFailedError(rank, f"worker was killed by signal {-failure.exitcode} "
-                                     f"({failure.signal_name()}, pid {failure.pid}) before it could raise; "
-                                     f"a kill by the OOM killer or an outside `kill` looks like this.",
-                                     exitcode=failure.exitcode)
+            return _killed_by_signal(rank, failure, failures_dir)
     if stamps:
         rank = min(stamps, key=lambda r: stamps[r]["time_ns"])
         text = stamps[rank]["traceback"].rstrip()
         exitcode = error.failures[rank].exitcode if rank in error.failures else None
         last_line = text.splitlines()[-1] if text else "unknown error"
-        return WorkerFailedError(rank, f"worker failed: {last_line}\n{text}", traceback=text, exitcode=exitcode)
+        details = f"\n{text}" if "\n" in text else ""  # a one-line verdict (the hang guard's) is said once
+        return WorkerFailedError(rank, f"worker failed: {last_line}{details}", traceback=text, exitcode=exitcode)
     rank, failure = error.get_first_failure()
     recorded = failure.message.get("extraInfo", {}).get("py_callstack") if isinstance(failure.message, dict) else None
     if recorded:  # @record caught it outside our stamping (e.g. while splitting threads)
@@ -181,6 +182,22 @@ def _first_failure(error: ChildFailedError, failures_dir: Path) -> WorkerFailedE
                              f"running the function; its stderr above shows why. A script that launches must "
                              f"guard its entry point with `if __name__ == \"__main__\":` (spawn re-imports it).",
                              exitcode=failure.exitcode)
+
+
+def _killed_by_signal(rank: int, failure: Any, failures_dir: Path) -> WorkerFailedError:
+    """A rank that died without raising: say how, and where its Python code was when it did."""
+    if failure.exitcode == -signal.SIGABRT:
+        cause = ("the C++ runtime aborted it; gloo does this when ranks issue different collectives (its message "
+                 "above says 'collective mismatch': e.g. self.log(..., sync_dist=True) on one rank only). Rerun "
+                 "with DDPStrategy(debug_collectives=True) (strategy.debug_collectives=true) to name the first "
+                 "collective that differs and its call site on every rank.")
+    else:
+        cause = "a kill by the OOM killer or an outside `kill` looks like this."
+    fault = Path(failures_dir, f"{rank}.fault")
+    stack = fault.read_text().strip() if fault.exists() else ""
+    where = f"\nIts Python stack when it died:\n{stack}" if stack else ""
+    return WorkerFailedError(rank, f"worker was killed by signal {-failure.exitcode} ({failure.signal_name()}, "
+                             f"pid {failure.pid}) before it could raise; {cause}{where}", exitcode=failure.exitcode)
 
 
 def _serialize(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],

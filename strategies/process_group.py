@@ -8,6 +8,7 @@ the environment object and remove them again on destroy, so nothing leaks into t
 
 from __future__ import annotations
 
+import gc
 import os
 from datetime import timedelta
 
@@ -105,6 +106,9 @@ def destroy_process_group() -> None:
     """Destroy the default group if there is one; safe to call any number of times."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+        # Finished work handles and futures can keep the backend alive; freed at interpreter exit,
+        # they would need the GIL from a C++ thread while Python is being torn down (SIGABRT).
+        gc.collect()
     _forget_rendezvous_address()
 
 

@@ -37,6 +37,7 @@ from strategies.autotune import BucketAutotuner, autotuner_for, distinct_candida
 from strategies.buckets import MIB, build_buckets, plan_buckets, plan_buckets_in_order, trainable_parameters
 from strategies.comm_hooks import CommHook, CommHookState, resolve_comm_hook
 from strategies.graph import launch_used_map, reachable_parameter_ids
+from strategies.hang_guard import LEDGER
 from strategies.telemetry import ReducerTelemetry, StepTimes
 
 _HISTORY_LIMIT = 1024  # launch orders kept; bounded so a long run does not grow without limit
@@ -219,6 +220,7 @@ class GradReducer:
         if self._world_size > 1:
             box: list[Any] = [order]
             src = 0 if self._group is None else dist.get_global_rank(self._group, 0)
+            LEDGER.begin("broadcast(bucket order)")
             dist.broadcast_object_list(box, src=src, group=self._group)
             order = box[0]
         self._order = order
@@ -322,6 +324,7 @@ class GradReducer:
                 if not self._scaled[index]:
                     view.div_(self._world_size)
             bucket.prescaled = True
+        LEDGER.begin(f"gradient all-reduce, bucket {bucket_index}", bucket.buffer())
         future = self._hook(self._hook_state, bucket)
         self._futures[bucket_index] = future
         self._telemetry.bucket_launched(future)
@@ -335,7 +338,7 @@ class GradReducer:
 
     def _finalize(self) -> None:
         """Launch what is left in index order, wait, write the averages back, reset for the next pass."""
-        with self._lock:
+        with self._lock, LEDGER.waiting():
             for index in range(len(self._params)):
                 if not self._ready[index]:
                     self._absorb_grad(index)

@@ -91,6 +91,8 @@ class DDPStrategyConfig:
     process_group_backend: Optional[str] = None
     timeout: TimeoutConfig = field(default_factory=TimeoutConfig)
     max_restarts: int = 0
+    stall_timeout: Optional[float] = 25.0
+    debug_collectives: bool = False
 
 
 @dataclass
@@ -309,6 +311,9 @@ def _check_strategy(strategy: Any, trainer: DictConfig) -> None:
             raise ConfigError(f"strategy.{key}", strategy[key], "must be > 0")
     if "max_restarts" in strategy:
         _check_int(strategy, "max_restarts", minimum=0, prefix="strategy.")
+    if strategy.get("stall_timeout") is not None and not strategy.stall_timeout > 0:
+        raise ConfigError("strategy.stall_timeout", strategy.stall_timeout, "must be > 0 seconds, or null to turn the "
+                                                                           "hang guard off")
     if strategy.get("sync_batchnorm") and trainer.accelerator == "cpu":
         raise ConfigError("strategy.sync_batchnorm", True, "needs trainer.accelerator=cuda (SyncBatchNorm has no CPU "
                                                            "kernel); set it to false")

@@ -26,7 +26,7 @@ from torch.distributed.constants import default_pg_timeout
 from typing_extensions import override
 
 from strategies.comm_hooks import CommHook, resolve_comm_hook
-from strategies.ddp import _broadcast_tensors, _check_same_parameters
+from strategies.ddp import broadcast_tensors, check_same_parameters
 from strategies.reducer import GradReducer
 
 START_METHODS = ("popen", "spawn", "fork", "forkserver")
@@ -68,8 +68,8 @@ class ReducedModule(nn.Module):
 
     def __init__(self, module: nn.Module, options: ReducerOptions, rank: int) -> None:
         super().__init__()
-        _check_same_parameters(module, rank)  # a clear error instead of a hang on mismatched models
-        _broadcast_tensors([*module.parameters(), *module.buffers()])
+        check_same_parameters(module, rank)  # a clear error instead of a hang on mismatched models
+        broadcast_tensors([*module.parameters(), *module.buffers()])
         self.module = module
         self.broadcast_buffers = options.broadcast_buffers
         self.reducer = GradReducer(module, bucket_cap_mb=options.bucket_cap_mb,
@@ -85,7 +85,7 @@ class ReducedModule(nn.Module):
         if self.broadcast_buffers and torch.is_grad_enabled() and self.reducer.require_backward_grad_sync:
             buffers = list(self.module.buffers())
             if buffers:
-                _broadcast_tensors(buffers)
+                broadcast_tensors(buffers)
         return self.module(*args, **kwargs)
 
     @contextlib.contextmanager

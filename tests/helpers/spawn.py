@@ -7,6 +7,8 @@ carrying that rank's traceback; the others are terminated, so nothing hangs or l
 
 from __future__ import annotations
 
+import faulthandler
+import gc
 import os
 import pickle
 import socket
@@ -33,6 +35,7 @@ def free_port() -> int:
 
 
 def _worker(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple, out_dir: str) -> None:
+    faulthandler.enable()  # a C++ abort (SIGABRT/SIGSEGV) still prints every thread's Python stack
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size))
@@ -48,6 +51,7 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable[..., Any], args:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+            gc.collect()  # no work handle may outlive the group into interpreter shutdown
     out.write_bytes(pickle.dumps(result))
 
 

@@ -1,0 +1,75 @@
+"""The hang guard's verdicts on synthetic peer reports, and its knobs' validation (no processes)."""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+
+from strategies import DDPStrategy
+from strategies.hang_guard import HangGuard, RankReport, main_thread_site
+
+
+def _guard(stall_timeout: float = 20.0) -> HangGuard:
+    return HangGuard(dist.HashStore(), rank=0, world_size=2, stall_timeout=stall_timeout)
+
+
+def _waiting(rank: int, seq: int, op: str, waited: float, beat: int = 1) -> RankReport:
+    return RankReport(rank=rank, beat=beat, seq=seq, op=op, waiting_s=waited, site="train.py:1 in step")
+
+
+def test_same_collective_is_not_a_verdict_however_long() -> None:
+    guard = _guard()
+    mine = _waiting(0, 5, "all_reduce(mean)", 500.0)
+    assert guard._diagnose(mine, {1: _waiting(1, 5, "all_reduce(mean)", 500.0)}) is None
+
+
+def test_a_different_collective_needs_two_polls_to_be_a_verdict() -> None:
+    guard = _guard()
+    mine = _waiting(0, 5, "all_reduce(mean)", 12.0)
+    peer = {1: _waiting(1, 5, "barrier", 12.0)}
+    assert guard._diagnose(mine, peer) is None  # a stale report could show a transient state
+    verdict = guard._diagnose(mine, {1: _waiting(1, 5, "barrier", 13.0, beat=2)})
+    assert verdict is not None and "rank 1 waits in collective #5 barrier" in verdict
+
+
+def test_a_finished_peer_is_a_verdict_at_once() -> None:
+    peer = RankReport(rank=1, beat=3, seq=4, op="barrier(teardown)", done=True)
+    verdict = _guard()._diagnose(_waiting(0, 5, "all_reduce(sum)", 11.0), {1: peer})
+    assert verdict is not None and "rank 1 has finished the stage after collective #4" in verdict
+
+
+def test_a_busy_peer_gets_until_the_stall_timeout_and_local_work_is_exempt() -> None:
+    guard = _guard(stall_timeout=20.0)
+    busy = RankReport(rank=1, beat=1, seq=4, op="barrier", site="train.py:9 in training_step")
+    assert guard._diagnose(_waiting(0, 5, "all_reduce(mean)", 15.0), {1: busy}) is None
+    verdict = guard._diagnose(_waiting(0, 5, "all_reduce(mean)", 21.0), {1: busy})
+    assert verdict is not None and "now at train.py:9 in training_step" in verdict
+    saving = RankReport(rank=1, beat=2, seq=4, op="barrier", local_work="saving checkpoint last.ckpt")
+    assert guard._diagnose(_waiting(0, 5, "barrier(save_checkpoint)", 60.0), {1: saving}) is None
+
+
+def test_a_peer_whose_reports_stop_changing_is_silent() -> None:
+    guard = _guard(stall_timeout=0.05)
+    frozen = RankReport(rank=1, beat=7, seq=5, op="all_reduce(mean)", waiting_s=1.0)
+    mine = _waiting(0, 5, "all_reduce(mean)", 1.0)
+    assert guard._diagnose(mine, {1: frozen}) is None
+    import time
+
+    time.sleep(0.1)
+    verdict = guard._diagnose(mine, {1: frozen})
+    assert verdict is not None and "rank 1 has not reported" in verdict
+
+
+def test_main_thread_site_names_the_calling_test() -> None:
+    assert "test_hang_guard.py" in main_thread_site() and "test_main_thread_site" in main_thread_site()
+
+
+@pytest.mark.parametrize("value, error", [(0, ValueError), (-1.0, ValueError), ("soon", TypeError)])
+def test_stall_timeout_must_be_positive_seconds(value: object, error: type[Exception]) -> None:
+    with pytest.raises(error, match="stall_timeout"):
+        DDPStrategy(stall_timeout=value)  # type: ignore[arg-type]
+
+
+def test_debug_collectives_must_be_a_bool() -> None:
+    with pytest.raises(TypeError, match="debug_collectives"):
+        DDPStrategy(debug_collectives="yes")  # type: ignore[arg-type]
