@@ -61,6 +61,57 @@ class ShardSampler(Sampler[int]):
         self.epoch = epoch
 
 
+class ResumableDistributedSampler(DistributedSampler):
+    """`DistributedSampler` that can begin an epoch part-way through its *global* sample order.
+
+    With `start_sample = 0` it yields exactly what `DistributedSampler(drop_last=False)` yields.
+    After `set_start_sample(k)` it yields this rank's share of the epoch's order without its
+    first `k` samples, re-padded for the current number of replicas: a run checkpointed after
+    `k` global samples and resumed on another number of processes continues the same stream
+    (`k` counts samples in the order, so it does not depend on how many ranks consumed them).
+    `set_epoch` clears the start: only the resumed epoch is partial.
+    """
+
+    def __init__(self, dataset: Sized, num_replicas: int, rank: int, shuffle: bool = True, seed: int = 0) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle,  # type: ignore[arg-type]
+                         seed=seed, drop_last=False)
+        self.start_sample = 0
+
+    def set_start_sample(self, start_sample: int) -> None:
+        size = len(self.dataset)  # type: ignore[arg-type]
+        if not 0 <= start_sample <= size:
+            raise ValueError(f"start_sample must be in [0, {size}] (the dataset size), got {start_sample}.")
+        self.start_sample = start_sample
+
+    @override
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        self.start_sample = 0
+
+    @override
+    def __iter__(self) -> Iterator[int]:
+        if self.start_sample == 0:
+            return super().__iter__()
+        remaining = self._epoch_order()[self.start_sample:]
+        padding = -len(remaining) % self.num_replicas
+        # Like DistributedSampler, pad with the epoch's first samples (repeated if needed).
+        order = self._epoch_order()
+        remaining += (order * (padding // max(len(order), 1) + 1))[:padding]
+        return iter(remaining[self.rank::self.num_replicas])
+
+    @override
+    def __len__(self) -> int:
+        remaining = len(self.dataset) - self.start_sample  # type: ignore[arg-type]
+        return -(-remaining // self.num_replicas)
+
+    def _epoch_order(self) -> list[int]:
+        size = len(self.dataset)  # type: ignore[arg-type]
+        if not self.shuffle:
+            return list(range(size))
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)  # DistributedSampler's order
+        return torch.randperm(size, generator=generator).tolist()
+
+
 def distribute_dataloader(dataloader: DataLoader, num_replicas: int, rank: int,
                           seed: int | None = None, pad: bool = True) -> DataLoader:
     """A DataLoader that yields only this rank's shard, keeping the user's shuffle setting.
@@ -79,8 +130,8 @@ def distribute_dataloader(dataloader: DataLoader, num_replicas: int, rank: int,
     sampler: Sampler[int]
     if pad:
         _check_enough_samples_to_train(dataloader, num_replicas)
-        sampler = DistributedSampler(dataloader.dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle,
-                                     seed=_resolve_seed(seed), drop_last=False)
+        sampler = ResumableDistributedSampler(dataloader.dataset, num_replicas=num_replicas,  # type: ignore[arg-type]
+                                              rank=rank, shuffle=shuffle, seed=_resolve_seed(seed))
     else:
         _check_every_rank_has_a_batch(dataloader, num_replicas)
         sampler = ShardSampler(dataloader.dataset, num_replicas, rank,  # type: ignore[arg-type]

@@ -17,15 +17,23 @@ class LoopState:
     should_stop: bool = False
     stage: str | None = None
     epoch_finished: bool = False
+    # Samples of `current_epoch` consumed by all ranks together, in the sampler's global order,
+    # and the number of processes that consumed them: a resume on another number of processes
+    # continues the same sample stream from there (see fit_loop._continue_sample_stream).
+    samples_in_epoch: int = 0
+    world_size: int = 0  # 0: unknown (an older checkpoint)
+    resume_sample_offset: int = 0  # set for the resumed epoch only; never saved
     # Every rank's RNG states from a checkpoint, restored by the fit loop at the exact point of
     # the interrupted run (after the resumed epoch's iterator is rebuilt), not when loading.
     rng_to_restore: dict[str, Any] | None = None
 
     def state_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if k not in ("stage", "should_stop", "rng_to_restore")}
+        transient = ("stage", "should_stop", "rng_to_restore", "resume_sample_offset")
+        return {k: v for k, v in asdict(self).items() if k not in transient}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for key in ("current_epoch", "global_step", "batch_in_epoch", "epoch_finished"):
+        for key in ("current_epoch", "global_step", "batch_in_epoch", "epoch_finished", "samples_in_epoch",
+                    "world_size"):
             if key in state:
                 setattr(self, key, state[key])
 

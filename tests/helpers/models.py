@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -103,3 +104,56 @@ class RankLocalDrift(TinyRegressor):
         if self.global_rank == 1 and self.global_step == 3:
             with torch.no_grad():
                 self.layer.bias.add_(1e-3)
+
+
+class SyncOnOneRank(TinyRegressor):
+    """A rank-dependent bug: in one step only rank 0 logs a value with `sync_dist=True`."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        if self.global_rank == 0 and batch_idx == 2:
+            self.log("rank0_only", loss, sync_dist=True)
+        return loss
+
+
+class StallOnOneRank(TinyRegressor):
+    """Rank 1 stops calling collectives in step 2 (stuck in its own code) while rank 0 goes on."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if self.global_rank == 1 and batch_idx == 2:
+            time.sleep(120)
+        return super().training_step(batch, batch_idx)
+
+
+class IndexData(LightningDataModule):
+    """Sample i is the number i (one feature): a model can tell exactly which samples it saw."""
+
+    def __init__(self, n: int = 40, batch_size: int = 4) -> None:
+        super().__init__()
+        self.n, self.batch_size = n, batch_size
+
+    def setup(self, stage: str) -> None:
+        x = torch.arange(self.n, dtype=torch.float32).unsqueeze(1)
+        self.train_set = TensorDataset(x, 2 * x)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True)
+
+
+class SampleRecorder(TinyRegressor):
+    """Writes the sample indices each rank trained on, per (epoch, batch), to `out_dir/<tag>_rank<r>.json`."""
+
+    def __init__(self, out_dir: str, tag: str) -> None:
+        super().__init__(features=1, lr=1e-3)
+        self.out_dir, self.tag = out_dir, tag
+        self.seen: list[tuple[int, int, list[int]]] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        self.seen.append((self.current_epoch, batch_idx, batch[0].flatten().long().tolist()))
+        return super().training_step(batch, batch_idx)
+
+    def on_train_end(self) -> None:
+        import json
+        from pathlib import Path
+
+        Path(self.out_dir, f"{self.tag}_rank{self.global_rank}.json").write_text(json.dumps(self.seen))

@@ -43,13 +43,15 @@ def num_batches(trainer: Any, loader: Any, stage: str) -> int:
 
 
 def iterate_limited(trainer: Any, loader: Any, stage: str, skip: int = 0,
-                    on_resumed: Callable[[], None] | None = None) -> Iterator[tuple[int, Any]]:
+                    on_resumed: Callable[[], None] | None = None, start_at: int = 0) -> Iterator[tuple[int, Any]]:
     """Yield `(batch_idx, batch on this rank's device)`, stopping at the stage's limit.
 
     `skip` fast-forwards a resumed epoch: skipped batches are drawn from the loader (so the
     sampler order matches the interrupted run) but not moved or computed on. `on_resumed` runs
     where the checkpoint was taken: before the iterator is built when the epoch starts fresh,
-    else once the finished batches are drawn and before the next one is fetched.
+    else once the finished batches are drawn and before the next one is fetched. `start_at`
+    numbers the batches from there without drawing any: the loader's sampler already starts
+    mid-epoch (a resume on another number of processes), so its length is what is left.
     """
     limit = num_batches(trainer, loader, stage)
     if limit == 0:
@@ -66,8 +68,8 @@ def iterate_limited(trainer: Any, loader: Any, stage: str, skip: int = 0,
             return
     if on_resumed is not None and skip > 0:
         on_resumed()  # mid-epoch: after the finished batches, before the next one
-    for batch_idx, batch in enumerate(iterator, start=skip):
-        if 0 <= limit <= batch_idx:
+    for batch_idx, batch in enumerate(iterator, start=skip + start_at):
+        if 0 <= limit <= batch_idx - start_at:
             break
         batch = trainer.precision_plugin.convert_input(move_to_device(batch, device))
         trainer.metric_store.current_batch_size = _batch_size(batch)

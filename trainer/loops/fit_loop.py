@@ -19,6 +19,7 @@ from torch import nn
 from trainer.loops.batches import iterate_limited, num_batches
 from trainer.loops.evaluation import has_step, run_evaluation
 from trainer.loops.training_step import run_training_batch, step_schedulers
+from strategies.rank_zero import rank_zero_info, rank_zero_warn
 from trainer.seed import restore_rank_rng_states
 
 
@@ -30,23 +31,28 @@ def run_fit(trainer: Any, module: nn.Module, train_loader: Any, val_loaders: lis
         raise ValueError("The training dataloader yields no batches (empty dataset, or limit_train_batches=0, "
                          "or drop_last with fewer samples than batch_size per rank).")
     _check_val_interval(trainer)
+    _continue_sample_stream(trainer, train_loader)
     _advance_past_finished_epoch(trainer)
     module.train()
     callbacks.call("on_train_start", trainer, module)
     while not _fit_done(trainer):
         _run_epoch(trainer, module, train_loader, val_loaders)
         state.current_epoch += 1
-        state.batch_in_epoch = 0
+        state.batch_in_epoch = state.samples_in_epoch = 0
     callbacks.call("on_train_end", trainer, module)
 
 
 def _run_epoch(trainer: Any, module: nn.Module, train_loader: Any, val_loaders: list[Any]) -> None:
     state, callbacks, store = trainer.loop_state, trainer.callback_list, trainer.metric_store
     _set_sampler_epoch(train_loader, state.current_epoch)
+    start_sample, state.resume_sample_offset = state.resume_sample_offset, 0
+    if start_sample:  # the sampler starts where the other world size stopped: nothing to draw and skip
+        _resumable_sampler(train_loader).set_start_sample(start_sample)  # type: ignore[union-attr]
+    skip, start_at = (0, state.batch_in_epoch) if start_sample else (state.batch_in_epoch, 0)
     store.reset_stage("train")
     callbacks.call("on_train_epoch_start", trainer, module)
     total = trainer.num_training_batches
-    for batch_idx, batch in iterate_limited(trainer, train_loader, "train", skip=state.batch_in_epoch,
+    for batch_idx, batch in iterate_limited(trainer, train_loader, "train", skip=skip, start_at=start_at,
                                             on_resumed=lambda: _restore_rng(trainer)):
         if callbacks.call("on_train_batch_start", trainer, module, batch, batch_idx) == -1:
             break  # Lightning: returning -1 ends the epoch early
@@ -54,6 +60,7 @@ def _run_epoch(trainer: Any, module: nn.Module, train_loader: Any, val_loaders: 
         output = run_training_batch(trainer, module, batch, batch_idx, window_end)
         store.sync_pending()  # the step's sync_dist values, one collective, before callbacks read them
         state.batch_in_epoch = batch_idx + 1
+        state.samples_in_epoch += _global_batch_size(trainer, train_loader)
         callbacks.call("on_train_batch_end", trainer, module, output, batch, batch_idx)
         store.sync_pending()  # what on_train_batch_end logged with sync_dist (no-op otherwise)
         _log_step(trainer)
@@ -115,7 +122,49 @@ def _advance_past_finished_epoch(trainer: Any) -> None:
     state = trainer.loop_state
     if 0 <= trainer.num_training_batches <= state.batch_in_epoch:  # -1: unsized, length unknown
         state.current_epoch += 1
-        state.batch_in_epoch = 0
+        state.batch_in_epoch = state.samples_in_epoch = state.resume_sample_offset = 0
+
+
+def _continue_sample_stream(trainer: Any, train_loader: Any) -> None:
+    """A mid-epoch checkpoint from another number of processes: resume the epoch's *global*
+    sample order at the samples already consumed, instead of at a per-rank batch index (which
+    would repeat or skip data). Batch numbering continues so the epoch still ends at the last
+    batch of this run's shards. The global batch becomes world_size x batch_size of this run."""
+    state = trainer.loop_state
+    saved_world, state.world_size = state.world_size, trainer.world_size
+    if state.batch_in_epoch == 0 or saved_world in (0, trainer.world_size):
+        return  # same world (exact resume by skipping batches) or nothing to continue
+    sampler = _resumable_sampler(train_loader)
+    if sampler is None:
+        rank_zero_warn(f"The checkpoint was written by {saved_world} process(es) and this run has "
+                       f"{trainer.world_size}; the training sampler cannot start mid-epoch (a custom sampler or "
+                       f"iterable data), so epoch {state.current_epoch} resumes at batch {state.batch_in_epoch} of "
+                       f"this run's shards and some of its samples may be seen twice or not at all.")
+        return
+    dataset_size = len(sampler.dataset)
+    if state.samples_in_epoch >= dataset_size:
+        state.batch_in_epoch = trainer.num_training_batches  # the epoch was complete
+        return
+    sampler.set_start_sample(state.samples_in_epoch)
+    left = len(train_loader)
+    sampler.set_start_sample(0)
+    state.batch_in_epoch = max(0, trainer.num_training_batches - left)
+    state.resume_sample_offset = state.samples_in_epoch
+    rank_zero_info(f"Resuming epoch {state.current_epoch} written by {saved_world} process(es) on "
+                   f"{trainer.world_size}: continuing its sample order after {state.samples_in_epoch} of "
+                   f"{dataset_size} samples ({left} batch(es) per rank left); the global batch is now "
+                   f"{trainer.world_size} x the per-process batch size.")
+
+
+def _resumable_sampler(loader: Any) -> Any:
+    sampler = getattr(loader, "sampler", None)
+    return sampler if callable(getattr(sampler, "set_start_sample", None)) else None
+
+
+def _global_batch_size(trainer: Any, loader: Any) -> int:
+    """Samples this step consumed on all ranks (the sampler pads, so every rank's batch is alike)."""
+    per_rank = trainer.metric_store.current_batch_size or getattr(loader, "batch_size", None) or 1
+    return int(per_rank) * trainer.world_size
 
 
 def _restore_rng(trainer: Any) -> None:
