@@ -1,9 +1,13 @@
-"""Fault injection: kill or crash a random rank at a random step, many times, and report.
+"""Fault injection: kill, crash, stall or desynchronise a random rank at a random step, many
+times, and report.
 
-    python -m benchmarks.faults --trials 6 [--seed 0] [--out benchmarks/results/faults.json]
+    python -m benchmarks.faults --trials 8 [--seed 0] [--out benchmarks/results/faults.json]
 
-Each trial trains the same 2-process job with our Trainer and DDPStrategy. One rank,
-chosen at random, dies at a random step, either by SIGKILL or by raising. Two scenarios run:
+Each trial trains the same 2-process job with our Trainer and DDPStrategy. One rank, chosen at
+random, fails at a random step in one of four ways: SIGKILL (`kill`), an exception (`raise`),
+stuck in its own code for 10 minutes (`stall`: only the hang guard can end that early), or
+skipping the step (`skip`: `training_step` returns None on that rank alone, so it issues one
+gradient all-reduce fewer than its peer). Two scenarios run:
 
 * no restarts: the launch must fail. We record how long after the failure the job had
   ended, whether it hung (no end within 60 s), and whether any worker process was left.
@@ -34,7 +38,8 @@ from strategies import DDPStrategy
 from trainer import LightningModule, Trainer, seed_everything
 from trainer.callbacks import ModelCheckpoint
 
-HANG_AFTER_S = 60.0
+HANG_AFTER_S = 60.0  # the hang guard's stall_timeout is 25 s; the process-group timeout 10 min
+MODES = ("kill", "raise", "stall", "skip")
 EPOCHS, SAMPLES, BATCH = 3, 128, 8  # 2 ranks x 8 per batch: 8 steps per epoch, 24 in all
 
 
@@ -46,12 +51,16 @@ class FaultyMLP(LightningModule):
         self.fail_rank, self.fail_step, self.mode, self.stamp = fail_rank, fail_step, mode, stamp
         self.net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.1), nn.Linear(32, 1))
 
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor | None:
         first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
         if first_attempt and self.global_rank == self.fail_rank and self.global_step == self.fail_step:
             Path(self.stamp).write_text(str(time.time()))
             if self.mode == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
+            if self.mode == "stall":
+                time.sleep(600)
+            if self.mode == "skip":
+                return None
             raise RuntimeError(f"injected failure at step {self.fail_step}")
         x, y = batch
         return nn.functional.mse_loss(self.net(x), y)
@@ -128,7 +137,7 @@ def run_trial(scenario: str, rank: int, step: int, mode: str, reference: dict[st
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=6)
+    parser.add_argument("--trials", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="benchmarks/results/faults.json")
     args = parser.parse_args()
@@ -139,9 +148,9 @@ def main() -> None:
         _fit(uninterrupted, Path(tmp), max_restarts=0)
         reference = {k: v.clone() for k, v in uninterrupted.state_dict().items()}
     trials = []
-    for _ in range(args.trials):
-        rank, step, mode = chooser.randrange(2), chooser.randrange(1, EPOCHS * SAMPLES // (2 * BATCH)), \
-            chooser.choice(["kill", "raise"])
+    for trial in range(args.trials):
+        rank, step = chooser.randrange(2), chooser.randrange(1, EPOCHS * SAMPLES // (2 * BATCH))
+        mode = MODES[trial % len(MODES)]  # every mode alike often
         for scenario in ("no_restart", "restart"):
             trials.append(run_trial(scenario, rank, step, mode, reference))
             print(json.dumps(asdict(trials[-1])), flush=True)
@@ -161,6 +170,8 @@ def summarize(trials: list[Trial]) -> dict[str, Any]:
         "failed_runs_reported": sum(bool(t.error) for t in failing),
         "seconds_to_exit_median": round(statistics.median(seconds), 2) if seconds else None,
         "seconds_to_exit_max": max(seconds) if seconds else None,
+        "seconds_to_exit_by_mode": {mode: max((t.ended_after_s for t in failing if t.mode == mode
+                                               and t.ended_after_s is not None), default=None) for mode in MODES},
         "restarts_resumed_exactly": f"{sum(bool(t.resumed_exactly) for t in restarted)}/{len(restarted)}",
         "leftover_processes": sum(t.leftover_processes for t in trials),
     }

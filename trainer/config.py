@@ -65,6 +65,7 @@ class TrainerConfig:
     enable_progress_bar: bool = True
     enable_checkpointing: bool = True
     enable_model_summary: bool = True
+    enable_telemetry: bool = True
     deterministic: bool = False
     fast_dev_run: Any = False  # bool or int number of batches
     num_sanity_val_steps: int = 0

@@ -71,6 +71,7 @@ class Trainer:
         enable_progress_bar: bool = True,
         enable_checkpointing: bool = True,
         enable_model_summary: bool = True,
+        enable_telemetry: bool = True,
         deterministic: bool = False,
         fast_dev_run: bool | int = False,
         num_sanity_val_steps: int = 0,
@@ -105,7 +106,8 @@ class Trainer:
         self.strategy.configure(accelerator=None if accelerator == "auto" else accelerator,
                                 devices=self.num_devices, num_nodes=self.num_nodes)
         self.loggers = self._build_loggers(logger)
-        self.callback_list = CallbackList(self._build_callbacks(callbacks, enable_checkpointing, enable_progress_bar))
+        self.callback_list = CallbackList(self._build_callbacks(callbacks, enable_checkpointing, enable_progress_bar,
+                                                                enable_telemetry))
         self.loop_state = LoopState()
         self.state = TrainerStatus()
         self.metric_store = MetricStore(self.strategy.reduce, ranks=self.strategy)
@@ -135,8 +137,15 @@ class Trainer:
         return loggers
 
     def _build_callbacks(self, callbacks: list[Callback] | Callback | None, checkpointing: bool,
-                         progress_bar: bool) -> list[Callback]:
+                         progress_bar: bool, telemetry: bool) -> list[Callback]:
         result = [callbacks] if isinstance(callbacks, Callback) else list(callbacks or [])
+        if not isinstance(telemetry, bool):
+            raise TypeError(f"enable_telemetry must be True or False, got {telemetry!r}.")
+        if telemetry and not self.fast_dev_run:
+            from trainer.callbacks.telemetry import TelemetryMonitor
+
+            if not any(isinstance(c, TelemetryMonitor) for c in result):
+                result.append(TelemetryMonitor())
         if checkpointing and not self.fast_dev_run:
             from trainer.callbacks import ModelCheckpoint
 

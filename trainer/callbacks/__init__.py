@@ -6,5 +6,7 @@ from trainer.callbacks.early_stopping import EarlyStopping
 from trainer.callbacks.lr_monitor import LearningRateMonitor
 from trainer.callbacks.model_checkpoint import ModelCheckpoint
 from trainer.callbacks.progress import TQDMProgressBar
+from trainer.callbacks.telemetry import TelemetryMonitor
 
-__all__ = ["Callback", "DivergenceError", "DivergenceGuard", "EarlyStopping", "LearningRateMonitor", "ModelCheckpoint", "TQDMProgressBar"]
+__all__ = ["Callback", "DivergenceError", "DivergenceGuard", "EarlyStopping", "LearningRateMonitor", "ModelCheckpoint",
+           "TQDMProgressBar", "TelemetryMonitor"]

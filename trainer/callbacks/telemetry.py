@@ -143,7 +143,8 @@ class TelemetryMonitor(Callback):
         sizes = ", ".join(f"{size:.2f}" for size in reducer["bucket_sizes_mib"])
         autotune = reducer.get("autotune") or {}
         cap = f"auto -> {autotune.get('chosen_mb')}" if autotune else reducer.get("bucket_cap_mb")
-        return line + f" | {reducer['buckets']} buckets [{sizes}] MiB, bucket_cap_mb={cap}"
+        count = reducer["buckets"]
+        return line + f" | {count} bucket{'' if count == 1 else 's'} [{sizes}] MiB, bucket_cap_mb={cap}"
 
 
 def _reducer_summary(trainer: Any) -> dict[str, Any] | None:
