@@ -165,11 +165,19 @@ class Strategy(abc.ABC):
     def barrier(self, name: str | None = None) -> None:
         """Wait until every rank reaches this point."""
 
+    @contextlib.contextmanager
+    def local_work(self, what: str) -> Iterator[None]:
+        """Mark work that only some ranks do while the others wait for them in a collective
+        (`prepare_data` on local rank 0, rank 0 writing a file): the hang guard must not take
+        that wait for a stall. Use it around your own rank-0-only work, too."""
+        with LEDGER.local_work_section(what):
+            yield
+
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> None:
         """Every rank calls; global rank 0 writes atomically; everyone waits for the write."""
         if self.is_global_zero:
-            with LEDGER.local_work_section(f"saving checkpoint {path}"):  # peers wait for it, legitimately
+            with self.local_work(f"saving checkpoint {path}"):
                 self.checkpoint_io.save(checkpoint, path)
         self.barrier("save_checkpoint")
 

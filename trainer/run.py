@@ -130,7 +130,8 @@ def _prepare_data(trainer: Any, module: nn.Module, stage: str) -> None:
     if trainer.local_rank == 0:
         for owner in (datamodule, module):
             if owner is not None and callable(getattr(owner, "prepare_data", None)):
-                owner.prepare_data()
+                with trainer.strategy.local_work(f"{type(owner).__name__}.prepare_data()"):
+                    owner.prepare_data()  # a download may take minutes while the other ranks wait
     trainer.strategy.barrier("prepare_data")
     if datamodule is not None:
         datamodule.setup(stage)

@@ -13,7 +13,7 @@ import pytest
 from strategies import DDPStrategy
 from strategies.launcher import WorkerFailedError
 from tests.helpers import hang_workers
-from tests.helpers.models import RegressionData, StallOnOneRank, SyncOnOneRank
+from tests.helpers.models import RegressionData, SlowPrepareData, StallOnOneRank, SyncOnOneRank, TinyRegressor
 from trainer import Trainer
 
 pytestmark = pytest.mark.timeout(120)
@@ -69,11 +69,15 @@ def test_a_checkpoint_write_longer_than_the_stall_timeout_is_not_a_hang(tmp_path
     assert strategy.launch(hang_workers.slow_checkpoint, strategy, str(tmp_path / "slow.ckpt"))
 
 
-def _fit(model: Any, tmp_path: Path, strategy: DDPStrategy) -> None:
+def _fit(model: Any, tmp_path: Path, strategy: DDPStrategy, data: Any = None) -> None:
     trainer = Trainer(accelerator="cpu", devices=2, strategy=strategy, max_epochs=1, logger=False,
                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                       default_root_dir=tmp_path)
-    trainer.fit(model, datamodule=RegressionData(batch_size=4))
+    trainer.fit(model, datamodule=data or RegressionData(batch_size=4))
+
+
+def test_a_long_prepare_data_on_rank_zero_is_not_a_hang(tmp_path: Path) -> None:
+    _fit(TinyRegressor(), tmp_path, DDPStrategy(stall_timeout=2.0), SlowPrepareData(batch_size=4))
 
 
 def test_a_training_step_stuck_on_one_rank_ends_the_fit(tmp_path: Path) -> None:

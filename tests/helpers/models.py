@@ -157,3 +157,10 @@ class SampleRecorder(TinyRegressor):
         from pathlib import Path
 
         Path(self.out_dir, f"{self.tag}_rank{self.global_rank}.json").write_text(json.dumps(self.seen))
+
+
+class SlowPrepareData(RegressionData):
+    """`prepare_data` (local rank 0 only) takes longer than a short stall_timeout, like a download."""
+
+    def prepare_data(self) -> None:
+        time.sleep(5.0)
