@@ -9,7 +9,6 @@ workers; everything that needs a process group happens in `setup_environment`/`s
 from __future__ import annotations
 
 import contextlib
-import numbers
 import os
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -29,6 +28,7 @@ from strategies.hang_guard import LEDGER, HangGuard
 from strategies.environment import (ClusterEnvironment, check_launch_matches, detect_environment,
                                     processes_launched_externally)
 from strategies.rank_zero import rank_prefixed_message
+from strategies.reducer_options import ReducerOptions, check_bool, check_positive_number
 from strategies.sampler import distribute_dataloader
 
 if TYPE_CHECKING:
@@ -59,19 +59,12 @@ class DDPStrategy(Strategy):
                  checkpoint_io: CheckpointIO | None = None, stall_timeout: float | None = 25.0,
                  debug_collectives: bool = False) -> None:
         super().__init__(accelerator=accelerator, checkpoint_io=checkpoint_io)
-        if bucket_cap_mb != AUTO:
-            _check_positive_number("bucket_cap_mb", bucket_cap_mb)
-        _check_positive_number("first_bucket_cap_mb", first_bucket_cap_mb)
+        options = ReducerOptions(bucket_cap_mb, first_bucket_cap_mb, gradient_as_bucket_view, comm_hook,
+                                 find_unused_parameters, broadcast_buffers)  # names a bad value's argument
         if stall_timeout is not None:
-            _check_positive_number("stall_timeout", stall_timeout, unit="seconds")
-        for name, flag in (("gradient_as_bucket_view", gradient_as_bucket_view), ("sync_batchnorm", sync_batchnorm),
-                           ("find_unused_parameters", find_unused_parameters),
-                           ("broadcast_buffers", broadcast_buffers), ("debug_collectives", debug_collectives)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name} must be True or False, got {flag!r}.")
-        from strategies.comm_hooks import resolve_comm_hook
-
-        resolve_comm_hook(comm_hook)  # ValueError/TypeError naming comm_hook for a bad value
+            check_positive_number("stall_timeout", stall_timeout, unit="seconds")
+        check_bool("sync_batchnorm", sync_batchnorm)
+        check_bool("debug_collectives", debug_collectives)
         process_group.validate_backend(process_group_backend)
         if not isinstance(timeout, timedelta) or timeout.total_seconds() <= 0:
             raise ValueError(f"timeout must be a positive datetime.timedelta, got {timeout!r}.")
@@ -79,8 +72,8 @@ class DDPStrategy(Strategy):
             raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}.")
         if accelerator not in ACCELERATORS:
             raise ValueError(f"accelerator={accelerator!r} is not supported; expected one of {ACCELERATORS}.")
-        self.bucket_cap_mb: float | str = bucket_cap_mb if bucket_cap_mb == AUTO else float(bucket_cap_mb)
-        self.first_bucket_cap_mb = float(first_bucket_cap_mb)
+        self.bucket_cap_mb: float | str = options.bucket_cap_mb
+        self.first_bucket_cap_mb = float(options.first_bucket_cap_mb)
         self._tuned_bucket_cap_mb: float | None = None  # restored from a checkpoint before the reducer exists
         self.gradient_as_bucket_view, self.comm_hook = gradient_as_bucket_view, comm_hook
         self.find_unused_parameters, self.broadcast_buffers = find_unused_parameters, broadcast_buffers
@@ -324,13 +317,6 @@ class DDPStrategy(Strategy):
         # Only configuration travels to the workers; per-process state is rebuilt there.
         return {**self.__dict__, "_environment": None, "_reducer": None, "_owns_process_group": False,
                 "_hang_guard": None}
-
-
-def _check_positive_number(name: str, value: Any, unit: str = "MiB") -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number ({unit}), got {type(value).__name__} {value!r}.")
-    if not float(value) > 0:
-        raise ValueError(f"{name} must be > 0 ({unit}), got {value!r}.")
 
 
 def check_same_parameters(module: nn.Module, rank: int) -> None:

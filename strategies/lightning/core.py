@@ -14,9 +14,7 @@ and `pre_backward`/`post_backward`, so those are the members we replace.
 from __future__ import annotations
 
 import contextlib
-import numbers
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -25,36 +23,14 @@ from torch import nn
 from torch.distributed.constants import default_pg_timeout
 from typing_extensions import override
 
-from strategies.comm_hooks import CommHook, resolve_comm_hook
+from strategies.comm_hooks import CommHook
 from strategies.ddp import broadcast_tensors, check_same_parameters
 from strategies.reducer import GradReducer
+from strategies.reducer_options import ReducerOptions
 
 START_METHODS = ("popen", "spawn", "fork", "forkserver")
 # Names registered in each package's StrategyRegistry, with the launcher's start method.
 REGISTERED_NAMES = {"bucket_ddp": "popen", "bucket_ddp_spawn": "spawn"}
-
-
-@dataclass(frozen=True)
-class ReducerOptions:
-    """The options of our `DDPStrategy` that shape the reducer; validated when built, so a bad
-    value fails in the launching process, before any worker starts."""
-
-    bucket_cap_mb: float = 25.0
-    first_bucket_cap_mb: float = 1.0
-    gradient_as_bucket_view: bool = True
-    comm_hook: str | CommHook | None = None
-    find_unused_parameters: bool = False
-    broadcast_buffers: bool = True
-
-    def __post_init__(self) -> None:
-        for name in ("bucket_cap_mb", "first_bucket_cap_mb"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value) > 0:
-                raise ValueError(f"{name} must be a positive number of MiB (e.g. 25), got {value!r}.")
-        for name in ("gradient_as_bucket_view", "find_unused_parameters", "broadcast_buffers"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}.")
-        resolve_comm_hook(self.comm_hook)  # names the accepted hooks on a bad value
 
 
 class ReducedModule(nn.Module):
@@ -112,7 +88,7 @@ def build_strategy_class(base: type[Any], module: str) -> type[Any]:
         Registered as "bucket_ddp" (subprocess launcher, like "ddp") and "bucket_ddp_spawn".
         """
 
-        def __init__(self, bucket_cap_mb: float = 25, first_bucket_cap_mb: float = 1,
+        def __init__(self, bucket_cap_mb: float | str = 25, first_bucket_cap_mb: float = 1,
                      gradient_as_bucket_view: bool = True, comm_hook: str | CommHook | None = None,
                      find_unused_parameters: bool = False, broadcast_buffers: bool = True, *,
                      accelerator: Any = None, parallel_devices: list[torch.device] | None = None,

@@ -188,7 +188,7 @@ def test_registered_names_and_pickling() -> None:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("kwargs", "error", "names"), [
     ({"bucket_cap_mb": 0}, ValueError, "bucket_cap_mb"),
-    ({"first_bucket_cap_mb": "1"}, ValueError, "first_bucket_cap_mb"),
+    ({"first_bucket_cap_mb": "1"}, TypeError, "first_bucket_cap_mb"),
     ({"find_unused_parameters": "yes"}, TypeError, "find_unused_parameters"),
     ({"comm_hook": "int8"}, ValueError, "comm_hook"),
     ({"start_method": "thread"}, ValueError, "start_method"),

@@ -1,0 +1,49 @@
+"""The options that shape a GradReducer, validated in one place.
+
+Both our `DDPStrategy` and the Lightning plug-in (`strategies/lightning/core.py`) take them, and
+both must fail in the launching process, before any worker starts, with the same message.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import Any
+
+from strategies.autotune import AUTO
+from strategies.comm_hooks import CommHook, resolve_comm_hook
+
+
+@dataclass(frozen=True)
+class ReducerOptions:
+    """`bucket_cap_mb` is a positive number of MiB or "auto" (timed during the first steps)."""
+
+    bucket_cap_mb: float | str = 25.0
+    first_bucket_cap_mb: float = 1.0
+    gradient_as_bucket_view: bool = True
+    comm_hook: str | CommHook | None = None
+    find_unused_parameters: bool = False
+    broadcast_buffers: bool = True
+
+    def __post_init__(self) -> None:
+        if self.bucket_cap_mb != AUTO:
+            check_positive_number("bucket_cap_mb", self.bucket_cap_mb)
+            object.__setattr__(self, "bucket_cap_mb", float(self.bucket_cap_mb))
+        check_positive_number("first_bucket_cap_mb", self.first_bucket_cap_mb)
+        object.__setattr__(self, "first_bucket_cap_mb", float(self.first_bucket_cap_mb))
+        for name in ("gradient_as_bucket_view", "find_unused_parameters", "broadcast_buffers"):
+            check_bool(name, getattr(self, name))
+        resolve_comm_hook(self.comm_hook)  # names the accepted hooks on a bad value
+
+
+def check_positive_number(name: str, value: Any, unit: str = "MiB") -> None:
+    """TypeError for something that is not a number, ValueError for one that is not > 0."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number ({unit}), got {type(value).__name__} {value!r}.")
+    if not float(value) > 0:
+        raise ValueError(f"{name} must be > 0 ({unit}), got {value!r}.")
+
+
+def check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}.")
