@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import json
+import logging
 import os
 import pickle
 import signal
@@ -134,12 +135,28 @@ def _run_agent(nprocs: int, max_restarts: int, run_dir: str, *worker_args: str) 
     for attempt in range(1, _PORT_ATTEMPTS + 1):
         config = _launch_config(nprocs, max_restarts, run_dir, _free_port())
         try:
-            results: dict[int, Any] = elastic_launch(config, _worker)(*worker_args)
+            with _quiet_worker_tracebacks(enabled=max_restarts == 0):
+                results: dict[int, Any] = elastic_launch(config, _worker)(*worker_args)
             return results
         except DistNetworkError as error:
             if "EADDRINUSE" not in str(error) or attempt == _PORT_ATTEMPTS:
                 raise
     raise RuntimeError("unreachable: the last attempt returns or raises")
+
+
+@contextlib.contextmanager
+def _quiet_worker_tracebacks(enabled: bool) -> Iterator[None]:
+    """Elastic logs every failed worker's traceback (E-lines) before raising; without restarts our
+    own report says the same, root cause first, so the copy only buries it. With restarts those
+    lines are the only record of a failure that a restart then recovered from: keep them."""
+    logger = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    previous = logger.level
+    if enabled:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(previous)
 
 
 def _free_port() -> int:
