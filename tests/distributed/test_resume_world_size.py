@@ -18,6 +18,12 @@ pytestmark = pytest.mark.timeout(240)
 N, BATCH = 40, 4
 
 
+@pytest.fixture(autouse=True)
+def _sampler_seed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sampler's shuffle seed comes from PL_GLOBAL_SEED, which other tests' seed_everything set."""
+    monkeypatch.setenv("PL_GLOBAL_SEED", "0")
+
+
 def _fit(tmp_path: Path, devices: int, tag: str, ckpt_path: str | None = None, **kwargs: Any) -> None:
     trainer = Trainer(accelerator="cpu", devices=devices, strategy="ddp", logger=False, enable_progress_bar=False,
                       enable_model_summary=False, default_root_dir=tmp_path, **kwargs)

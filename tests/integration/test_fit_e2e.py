@@ -64,7 +64,7 @@ def test_ddp_two_processes_learns_digits(tmp_path: Path) -> None:
     assert [step for step, _ in overlap] == [step for step, _ in metrics["telemetry/exposed_comm_ms"]]
     assert metrics["telemetry/buckets"][-1][1] >= 1
     (summary,) = [line for line in stdout.splitlines() if line.startswith("telemetry: ")]
-    assert "ms/step = forward" in summary and "overlap" in summary and "buckets" in summary
+    assert "ms/step = forward" in summary and "overlap" in summary and "bucket_cap_mb=25.0" in summary
     # 1,438 training images / (2 ranks x 64) = 12 steps per epoch; logged every 5 steps.
     steps = [step for step, _ in train_loss]
     assert steps == sorted(steps) and 40 <= steps[-1] <= 48 and len(steps) == 48 // 5
