@@ -52,9 +52,11 @@ def _run_epoch(trainer: Any, module: nn.Module, train_loader: Any, val_loaders: 
     store.reset_stage("train")
     callbacks.call("on_train_epoch_start", trainer, module)
     total = trainer.num_training_batches
+    batch_idx, exhausted = -1, True
     for batch_idx, batch in iterate_limited(trainer, train_loader, "train", skip=skip, start_at=start_at,
                                             on_resumed=lambda: _restore_rng(trainer)):
         if callbacks.call("on_train_batch_start", trainer, module, batch, batch_idx) == -1:
+            exhausted = False
             break  # Lightning: returning -1 ends the epoch early
         window_end = (batch_idx + 1) % trainer.accumulate_grad_batches == 0 or batch_idx + 1 == total
         output = run_training_batch(trainer, module, batch, batch_idx, window_end)
@@ -67,7 +69,11 @@ def _run_epoch(trainer: Any, module: nn.Module, train_loader: Any, val_loaders: 
         if _should_validate(trainer, batch_idx, val_loaders, module):
             run_evaluation(trainer, module, val_loaders, "validate")
         if _max_steps_reached(trainer) or trainer.should_stop:
+            exhausted = False
             break
+    unsized_epoch_ended = exhausted and total < 0 and batch_idx >= 0 and isinstance(trainer.val_check_interval, float)
+    if unsized_epoch_ended and _should_validate(trainer, batch_idx, val_loaders, module, epoch_ended=True):
+        run_evaluation(trainer, module, val_loaders, "validate")  # an unsized epoch's end is known only now
     store.compute_epoch("train")
     callbacks.call("on_train_epoch_end", trainer, module)
     store.compute_epoch("train")
@@ -83,7 +89,8 @@ def _log_step(trainer: Any) -> None:
         trainer.metric_store.pop_logger_metrics()
 
 
-def _should_validate(trainer: Any, batch_idx: int, val_loaders: list[Any], module: nn.Module) -> bool:
+def _should_validate(trainer: Any, batch_idx: int, val_loaders: list[Any], module: nn.Module,
+                     epoch_ended: bool = False) -> bool:
     if not val_loaders or not has_step(module, "validate") or not any(trainer.num_val_batches):
         return False
     every_n_epochs = trainer.check_val_every_n_epoch
@@ -92,7 +99,7 @@ def _should_validate(trainer: Any, batch_idx: int, val_loaders: list[Any], modul
     total = trainer.num_training_batches
     interval = trainer.val_check_interval
     every = max(1, int(total * interval)) if isinstance(interval, float) else int(interval)
-    is_last = batch_idx + 1 == total
+    is_last = epoch_ended or batch_idx + 1 == total
     if isinstance(interval, float) and interval == 1.0:
         return is_last or _max_steps_reached(trainer)
     return (batch_idx + 1) % every == 0 or (is_last and isinstance(interval, float))
@@ -101,6 +108,10 @@ def _should_validate(trainer: Any, batch_idx: int, val_loaders: list[Any], modul
 def _check_val_interval(trainer: Any) -> None:
     """An int interval longer than the epoch would silently never validate (Lightning raises too)."""
     interval, total = trainer.val_check_interval, trainer.num_training_batches
+    if total < 0 and isinstance(interval, float) and interval != 1.0:
+        raise ValueError(f"val_check_interval={interval} is a fraction of an epoch, but the training data has no "
+                         "length (an IterableDataset): use 1.0 (validate when the epoch ends) or an int number of "
+                         "batches.")
     if isinstance(interval, int) and trainer.check_val_every_n_epoch is not None and 0 <= total < interval:
         raise ValueError(f"val_check_interval={interval} batches exceeds the {total} training batches per epoch; "
                          "use a smaller int, a float fraction of the epoch, or check_val_every_n_epoch=None.")

@@ -258,3 +258,39 @@ def test_mid_epoch_resume_with_dropout_is_bit_exact(tmp_path: Path) -> None:
     resumed = fit(str(next((tmp_path / "ckpts").glob("*step=3*.ckpt"))))
     for ours, theirs in zip(resumed.parameters(), uninterrupted.parameters()):
         assert torch.equal(ours, theirs)
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    """Unsized training data: the epoch ends when the iterator does."""
+
+    def __iter__(self) -> Any:
+        data = RegressionData()
+        data.setup("fit")
+        return iter(data.train_set)
+
+
+class _CountValidations(Callback):
+    def __init__(self) -> None:
+        self.at: list[tuple[int, int]] = []
+
+    def on_validation_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        self.at.append((trainer.current_epoch, trainer.global_step))
+
+
+def test_unsized_training_data_validates_when_each_epoch_ends(tmp_path: Path) -> None:
+    counter = _CountValidations()
+    data = RegressionData()
+    data.setup("fit")
+    train = torch.utils.data.DataLoader(_Stream(), batch_size=8)  # 64 samples: 8 steps per epoch
+    _trainer(tmp_path, callbacks=[counter]).fit(TinyRegressor(), train_dataloaders=train,
+                                                val_dataloaders=data.val_dataloader())
+    assert counter.at == [(0, 8), (1, 16)]
+
+
+def test_unsized_training_data_refuses_a_fractional_val_check_interval(tmp_path: Path) -> None:
+    data = RegressionData()
+    data.setup("fit")
+    train = torch.utils.data.DataLoader(_Stream(), batch_size=8)
+    with pytest.raises(ValueError, match="val_check_interval=0.5 is a fraction"):
+        _trainer(tmp_path, val_check_interval=0.5).fit(TinyRegressor(), train_dataloaders=train,
+                                                       val_dataloaders=data.val_dataloader())
