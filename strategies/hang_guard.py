@@ -32,7 +32,7 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,7 @@ class RankReport:
     waiting_s: float | None = None  # seconds blocked in `op`, None when not in a collective
     local_work: str | None = None  # rank-local work peers may legitimately wait for (saving a checkpoint)
     done: bool = False  # the stage finished: this rank issues no more collectives in it
+    stage: int = 0  # stages (fit, test, ...) this process has started: the same count on every rank
     site: str = ""  # where the main thread is
 
     def describe(self) -> str:
@@ -86,6 +87,7 @@ class CollectiveLedger:
         self.op = ""
         self.waiting_since: float | None = None
         self.local_work: str | None = None
+        self.stage = 0
         self.guard: HangGuard | None = None
 
     def begin(self, op: str, *tensors: torch.Tensor) -> int:
@@ -125,7 +127,7 @@ class CollectiveLedger:
         since = self.waiting_since
         return RankReport(rank=rank, beat=beat, seq=self.seq, op=self.op,
                           waiting_s=None if since is None else time.monotonic() - since,
-                          local_work=self.local_work, done=done, site=main_thread_site())
+                          local_work=self.local_work, done=done, stage=self.stage, site=main_thread_site())
 
 
 LEDGER = CollectiveLedger()
@@ -151,6 +153,7 @@ class HangGuard:
         self._thread = threading.Thread(target=self._run, name="ddp-trainer-hang-guard", daemon=True)
 
     def start(self) -> HangGuard:
+        LEDGER.stage += 1
         self._publish()  # before any wait, so peers find a report at once
         LEDGER.guard = self
         self._thread.start()
@@ -211,8 +214,10 @@ class HangGuard:
                         f"{mine.describe()}.")
             if peer is None:
                 continue
-            if peer.done:  # published after the stage's last barrier: it will not join any collective
+            if peer.done and peer.stage >= mine.stage:  # after the stage's last barrier: it joins no more
                 return f"{peer.describe()}, but {mine.describe()}: the ranks issued different collectives."
+            if peer.done:  # the previous stage's report: the peer runs its own code before the next one
+                peer = replace(peer, done=False, site=f"{peer.site} (between stages)")
             if (peer.waiting_s is not None and peer.waiting_s >= self.mismatch_after
                     and (peer.seq, peer.op) != (mine.seq, mine.op)):
                 verdict = f"{mine.describe()}, but {peer.describe()}: the ranks issued different collectives."

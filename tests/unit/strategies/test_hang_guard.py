@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch.distributed as dist
 
@@ -36,6 +38,17 @@ def test_a_finished_peer_is_a_verdict_at_once() -> None:
     peer = RankReport(rank=1, beat=3, seq=4, op="barrier(teardown)", done=True)
     verdict = _guard()._diagnose(_waiting(0, 5, "all_reduce(sum)", 11.0), {1: peer})
     assert verdict is not None and "rank 1 has finished the stage after collective #4" in verdict
+
+
+def test_a_peer_still_between_stages_is_busy_not_finished() -> None:
+    """Under torchrun, stages share processes: a peer whose last report is the previous stage's
+    `done` is running user code between stages, which gets the stall timeout, not a verdict."""
+    guard = _guard(stall_timeout=20.0)
+    mine = RankReport(rank=0, beat=1, seq=9, op="all_gather", waiting_s=12.0, stage=2, site="x.py:1 in f")
+    previous = RankReport(rank=1, beat=4, seq=8, op="barrier(teardown)", done=True, stage=1, site="x.py:5 in main")
+    assert guard._diagnose(mine, {1: previous}) is None
+    verdict = guard._diagnose(replace(mine, waiting_s=21.0), {1: previous})
+    assert verdict is not None and "(between stages)" in verdict and "not in any collective" in verdict
 
 
 def test_a_busy_peer_gets_until_the_stall_timeout_and_local_work_is_exempt() -> None:
