@@ -220,13 +220,19 @@ class Trainer:
         if metrics and self.is_global_zero:
             metrics = {**metrics, "epoch": float(self.current_epoch)}
             for logger in self.loggers:
-                logger.log_metrics(metrics, step=self.global_step)
+                logger.log_metrics(metrics, step=self.logger_step)
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         if self.is_global_zero:
             print(*args, **kwargs)
 
     # ------------------------------------------------------------------ read-only state
+    @property
+    def logger_step(self) -> int:
+        """The step that metrics are logged at: the index of the last optimizer step (0 before any),
+        as in Lightning, so a run's curves line up with the same run under Lightning."""
+        return max(0, self.global_step - 1)
+
     @property
     def global_step(self) -> int:
         return self.loop_state.global_step

@@ -88,6 +88,10 @@ class FakeTrainer:
         self.printed: list[str] = []
 
     @property
+    def logger_step(self) -> int:
+        return max(0, self.global_step - 1)  # as Trainer.logger_step
+
+    @property
     def global_rank(self) -> int:
         return self.strategy.global_rank
 
