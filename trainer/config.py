@@ -82,7 +82,7 @@ class TimeoutConfig:
 @dataclass
 class DDPStrategyConfig:
     _target_: str = "strategies.DDPStrategy"
-    bucket_cap_mb: float = 25.0
+    bucket_cap_mb: Any = 25.0  # MiB, or "auto" (timed during the first steps)
     first_bucket_cap_mb: float = 1.0
     gradient_as_bucket_view: bool = True
     comm_hook: Optional[str] = None
@@ -308,8 +308,12 @@ def _check_strategy(strategy: Any, trainer: DictConfig) -> None:
     if "process_group_backend" in strategy:
         _check_one_of(strategy, "process_group_backend", (None, "gloo", "nccl", "mpi", "ucc"), prefix="strategy.")
     for key in ("bucket_cap_mb", "first_bucket_cap_mb"):
-        if key in strategy and not strategy[key] > 0:
-            raise ConfigError(f"strategy.{key}", strategy[key], "must be > 0")
+        value = strategy.get(key)
+        if key not in strategy or (key == "bucket_cap_mb" and value == "auto"):
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            expected = "a number of MiB > 0" + (" or 'auto'" if key == "bucket_cap_mb" else "")
+            raise ConfigError(f"strategy.{key}", value, f"must be {expected}")
     if "max_restarts" in strategy:
         _check_int(strategy, "max_restarts", minimum=0, prefix="strategy.")
     if strategy.get("stall_timeout") is not None and not strategy.stall_timeout > 0:

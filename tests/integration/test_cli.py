@@ -87,7 +87,7 @@ def test_multirun_sweeps_compose(hydra_context: None) -> None:
     (["trainer.max_epochs=abc"], "trainer.max_epochs"),
     (["trainer.foo=1"], "trainer.foo"),
     (["model.lr=fast"], "model.lr"),
-    (["strategy.bucket_cap_mb=big"], "strategy.bucket_cap_mb"),
+    (["strategy.first_bucket_cap_mb=big"], "strategy.first_bucket_cap_mb"),
 ])
 def test_schemas_reject_types_and_unknown_keys(hydra_context: None, overrides: list[str], key: str) -> None:
     with pytest.raises(ConfigCompositionException) as caught:
@@ -122,6 +122,8 @@ def test_group_list_choice_and_data_errors_are_one_line(hydra_context: None) -> 
     (["trainer.gradient_clip_algorithm=l3"], "trainer.gradient_clip_algorithm='l3' is not one of"),
     (["strategy=single"], "trainer.devices=2 (x num_nodes=1) must be 1 with strategy=single"),
     (["strategy.comm_hook=fp8"], "strategy.comm_hook='fp8' is not one of [None, 'fp16', 'bf16']"),
+    (["strategy.bucket_cap_mb=big"], "strategy.bucket_cap_mb='big' must be a number of MiB > 0 or 'auto'"),
+    (["strategy.bucket_cap_mb=0"], "strategy.bucket_cap_mb=0 must be a number of MiB > 0 or 'auto'"),
     (["seed=-1"], "seed=-1 must be an int >= 0"),
     (["monitor.mode=best"], "monitor.mode='best' is not one of ['min', 'max']"),
     (["callbacks.lr_monitor.logging_interval=step", "~callbacks.lr_monitor._target_"], "callbacks.lr_monitor="),
@@ -209,3 +211,9 @@ def test_command_line_errors_and_introspection(tmp_path: Path) -> None:
     assert code == 0 and "_target_: trainer.demos.synthetic.MLPRegressor" in out, err
     assert not (early / "outputs").exists()
     assert not list(late.rglob("checkpoints")) and not list(late.rglob("tensorboard"))  # nothing trained
+
+
+def test_bucket_cap_auto_reaches_the_strategy(hydra_context: None) -> None:
+    cfg = compose_cfg(["strategy.bucket_cap_mb=auto"])
+    validate(cfg)
+    assert cli.construct("strategy", cfg.strategy).bucket_cap_mb == "auto"
