@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -53,6 +54,22 @@ def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch
     inputs, targets = batch
     logits = model(inputs)
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+class BenchSteps:
+    """The body of every framework contender's LightningModule; mixed in before the framework's
+    own LightningModule (ours or pytorch_lightning's), which the two `BenchModule`s add."""
+
+    def __init__(self, work: Workload) -> None:
+        super().__init__()
+        self.work = work
+        self.model = work.model()
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return loss_fn(self.model, batch)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return make_optimizer(self.work, self.model)
 
 
 # ---------------------------------------------------------------------- comm-bound: MLP

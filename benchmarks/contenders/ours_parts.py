@@ -8,22 +8,13 @@ from typing import Any
 import torch
 
 from benchmarks.probe import Probe
-from benchmarks.workloads import Workload, loss_fn, make_optimizer
+from benchmarks.workloads import BenchSteps
 from trainer import LightningModule
 from trainer.callbacks import Callback
 
 
-class BenchModule(LightningModule):
-    def __init__(self, work: Workload) -> None:
-        super().__init__()
-        self.work = work
-        self.model = work.model()
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        return loss_fn(self.model, batch)
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return make_optimizer(self.work, self.model)
+class BenchModule(BenchSteps, LightningModule):
+    pass
 
 
 class ProbeCallback(Callback):

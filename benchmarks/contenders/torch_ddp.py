@@ -12,9 +12,9 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 
-from benchmarks.contenders.data import loader, workload
+from benchmarks.contenders.data import loader, train_raw, workload
 from benchmarks.probe import Probe, parse_args, threads_per_rank
-from benchmarks.workloads import loss_fn, make_optimizer
+from benchmarks.workloads import make_optimizer
 
 
 def worker(rank: int, args: argparse.Namespace, port: int) -> None:
@@ -26,16 +26,7 @@ def worker(rank: int, args: argparse.Namespace, port: int) -> None:
     data = loader(work, probe.total_steps, args.devices)
     data = torch.utils.data.DataLoader(data.dataset, batch_size=work.batch_size, drop_last=True,
                                        sampler=DistributedSampler(data.dataset, shuffle=False))
-    loss = torch.zeros(())
-    for step, batch in enumerate(data):
-        if step == probe.total_steps:
-            break
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model, batch)
-        loss.backward()
-        optimizer.step()
-        probe.step_end()
-    probe.finish(rank, float(loss.detach()), {"threads": torch.get_num_threads()})
+    train_raw(model, optimizer, data, probe, rank)
     dist.destroy_process_group()
 
 

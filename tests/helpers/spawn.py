@@ -8,7 +8,6 @@ carrying that rank's traceback; the others are terminated, so nothing hangs or l
 from __future__ import annotations
 
 import faulthandler
-import gc
 import os
 import pickle
 import socket
@@ -22,6 +21,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from strategies.process_group import destroy_process_group
 
 
 class RankFailed(RuntimeError):
@@ -49,9 +50,7 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable[..., Any], args:
     except BaseException:  # noqa: BLE001 - every failure must reach the parent
         result = ("error", traceback.format_exc())
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-            gc.collect()  # no work handle may outlive the group into interpreter shutdown
+        destroy_process_group()  # the product's: it also frees lingering work handles before exit
     out.write_bytes(pickle.dumps(result))
 
 
