@@ -59,6 +59,7 @@ class Probe:
                   "ru_maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "rss_end_mib": _status_mib("VmRSS"), "rss_after_first_step_mib": self.rss_after_first_step,
                   "hwm_after_first_step_mib": self.hwm_after_first_step,
+                  "rss_end_breakdown_mib": {field: _status_mib(field) for field in ("RssAnon", "RssFile", "RssShmem")},
                   "launch_to_first_step_s": (self.first_step_wall or time.time()) - self.t0,
                   "final_loss": loss, "steps_done": len(self.ends), **(extra or {})}
         if len(self.ends) > self.warmup:

@@ -20,14 +20,26 @@ import torch
 import torch.distributed as dist
 
 from strategies.buckets import GradBucket
+from strategies.shm_transport import SharedMemoryAllReduce
 
 
 @dataclass(frozen=True)
 class CommHookState:
-    """What the built-in hooks need: the group to reduce over and its size."""
+    """What the built-in hooks need: the group to reduce over, its size, and the same-host
+    shared-memory transport when the reducer set one up (see strategies/shm_transport.py)."""
 
     process_group: dist.ProcessGroup | None
     world_size: int
+    shared_memory: SharedMemoryAllReduce | None = None
+
+    def all_reduce_async(self, tensor: torch.Tensor) -> torch.futures.Future[list[torch.Tensor]]:
+        """Sum `tensor` in place over the ranks, asynchronously, by the reducer's transport."""
+        if self.shared_memory is not None:
+            return self.shared_memory.all_reduce_async(tensor)
+        work = dist.all_reduce(tensor, group=self.process_group, async_op=True)
+        if work is None:  # only with async_op=False; keeps the type checker honest
+            raise RuntimeError("dist.all_reduce(async_op=True) returned no work handle.")
+        return work.get_future()
 
 
 CommHook = Callable[[CommHookState, GradBucket], "torch.futures.Future[torch.Tensor]"]
@@ -41,13 +53,6 @@ def completed_future(tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]
     return future
 
 
-def _all_reduce_async(tensor: torch.Tensor, state: CommHookState) -> torch.futures.Future[list[torch.Tensor]]:
-    work = dist.all_reduce(tensor, group=state.process_group, async_op=True)
-    if work is None:  # only with async_op=False; keeps the type checker honest
-        raise RuntimeError("dist.all_reduce(async_op=True) returned no work handle.")
-    return work.get_future()
-
-
 def allreduce_mean(state: CommHookState, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Average the bucket in place: divide by world size (unless the reducer already did, while
     copying the gradients in: `bucket.prescaled`), then sum over ranks."""
@@ -56,7 +61,7 @@ def allreduce_mean(state: CommHookState, bucket: GradBucket) -> torch.futures.Fu
         return completed_future(buffer)
     if not bucket.prescaled:
         buffer.div_(state.world_size)
-    return _all_reduce_async(buffer, state).then(lambda fut: fut.value()[0])
+    return state.all_reduce_async(buffer).then(lambda fut: fut.value()[0])
 
 
 allreduce_mean.accepts_prescaled = True  # type: ignore[attr-defined]  # read by GradReducer
@@ -79,7 +84,7 @@ def _compressed_mean(dtype: torch.dtype) -> CommHook:
             buffer.copy_(fut.value()[0])
             return buffer
 
-        return _all_reduce_async(compressed, state).then(decompress)
+        return state.all_reduce_async(compressed).then(decompress)
 
     hook.accepts_prescaled = True  # type: ignore[attr-defined]  # read by GradReducer
     return hook

@@ -49,6 +49,8 @@ class DDPStrategy(Strategy):
     `stall_timeout` (seconds, None = off) arms the hang guard: ranks that stop meeting in the same
     collective end the job naming ranks, operations and call sites (`strategies/hang_guard.py`),
     long before `timeout`; `debug_collectives=True` fingerprints every collective across ranks.
+    `transport="auto"` sends CPU gradients between ranks of one host through shared memory
+    (strategies/shm_transport.py), else through the process group; "process_group" forces the latter.
     """
 
     def __init__(self, bucket_cap_mb: float | str = 25, first_bucket_cap_mb: float = 1,
@@ -57,10 +59,10 @@ class DDPStrategy(Strategy):
                  sync_batchnorm: bool = False, process_group_backend: str | None = None,
                  timeout: timedelta = timedelta(minutes=10), max_restarts: int = 0, accelerator: str = "auto",
                  checkpoint_io: CheckpointIO | None = None, stall_timeout: float | None = 25.0,
-                 debug_collectives: bool = False) -> None:
+                 debug_collectives: bool = False, transport: str = "auto") -> None:
         super().__init__(accelerator=accelerator, checkpoint_io=checkpoint_io)
         options = ReducerOptions(bucket_cap_mb, first_bucket_cap_mb, gradient_as_bucket_view, comm_hook,
-                                 find_unused_parameters, broadcast_buffers)  # names a bad value's argument
+                                 find_unused_parameters, broadcast_buffers, transport)  # names a bad value's argument
         if stall_timeout is not None:
             check_positive_number("stall_timeout", stall_timeout, unit="seconds")
         check_bool("sync_batchnorm", sync_batchnorm)
@@ -81,6 +83,7 @@ class DDPStrategy(Strategy):
         self.timeout, self.max_restarts = timeout, max_restarts
         self.stall_timeout = None if stall_timeout is None else float(stall_timeout)
         self.debug_collectives = debug_collectives
+        self.transport = transport
         self._hang_guard: HangGuard | None = None
         self._environment: ClusterEnvironment | None = None
         self._reducer: GradReducer | None = None
@@ -172,7 +175,8 @@ class DDPStrategy(Strategy):
         self._reducer = GradReducer(module, bucket_cap_mb=self.bucket_cap_mb,
                                     first_bucket_cap_mb=self.first_bucket_cap_mb,
                                     gradient_as_bucket_view=self.gradient_as_bucket_view,
-                                    comm_hook=self.comm_hook, find_unused_parameters=self.find_unused_parameters)
+                                    comm_hook=self.comm_hook, find_unused_parameters=self.find_unused_parameters,
+                                    transport=self.transport, timeout=self.timeout)
         if self._tuned_bucket_cap_mb is not None:
             self._reducer.adopt_bucket_cap(self._tuned_bucket_cap_mb)
         return module
@@ -298,6 +302,7 @@ class DDPStrategy(Strategy):
             "gradient_as_bucket_view": self.gradient_as_bucket_view,
             "comm_hook": getattr(self.comm_hook, "__name__", self.comm_hook),
             "find_unused_parameters": self.find_unused_parameters, "broadcast_buffers": self.broadcast_buffers,
+            "transport": self.transport,
             "reducer": self._reducer.summary() if self._reducer is not None else None,
         }
 

@@ -27,6 +27,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -38,6 +39,7 @@ from strategies.buckets import MIB, build_buckets, plan_buckets, plan_buckets_in
 from strategies.comm_hooks import CommHook, CommHookState, resolve_comm_hook
 from strategies.graph import launch_used_map, reachable_parameter_ids
 from strategies.hang_guard import LEDGER
+from strategies.shm_transport import SharedMemoryAllReduce, check_transport, connect_shared_memory
 from strategies.telemetry import ReducerTelemetry, StepTimes
 
 _HISTORY_LIMIT = 1024  # launch orders kept; bounded so a long run does not grow without limit
@@ -71,13 +73,17 @@ class GradReducer:
                  bucket_cap_mb: float | str = 25.0, first_bucket_cap_mb: float = 1.0,
                  gradient_as_bucket_view: bool = True, comm_hook: str | CommHook | None = None,
                  find_unused_parameters: bool = False, autotune_candidates_mb: Sequence[float] | None = None,
-                 autotune_measure_steps: int = 3) -> None:
+                 autotune_measure_steps: int = 3, transport: str = "auto",
+                 timeout: timedelta = timedelta(minutes=10)) -> None:
         if not isinstance(module, nn.Module):
             raise TypeError(f"GradReducer expects an nn.Module; received {type(module).__name__}.")
+        check_transport(transport)
         self._world_size = _world_size(process_group)
         self._group = process_group
         self._hook = resolve_comm_hook(comm_hook)
-        self._hook_state = CommHookState(process_group, self._world_size)
+        self._params = trainable_parameters(module)
+        self._shared_memory = self._connect_transport(transport, timeout)
+        self._hook_state = CommHookState(process_group, self._world_size, self._shared_memory)
         # A hook that averages may receive buckets already divided by the world size (see _absorb_grad).
         self._prescale = self._world_size > 1 and getattr(self._hook, "accepts_prescaled", False)
         self._tuner = autotuner_for(bucket_cap_mb, autotune_candidates_mb, autotune_measure_steps)
@@ -85,7 +91,6 @@ class GradReducer:
         self._first_cap_mb = first_bucket_cap_mb
         self._as_view = gradient_as_bucket_view
         self._find_unused = find_unused_parameters
-        self._params = trainable_parameters(module)
         self._sync = True
         self._rebuilt = False
         self._removed = False
@@ -153,6 +158,7 @@ class GradReducer:
         return {
             "world_size": self._world_size,
             "comm_hook": getattr(self._hook, "__name__", repr(self._hook)),
+            "transport": "shared_memory" if self._shared_memory is not None else "process_group",
             "bucket_cap_mb": self._cap_mb,
             "autotune": self._tuner.summary() if self._tuner is not None else None,
             "buckets": len(self._buckets),
@@ -187,7 +193,23 @@ class GradReducer:
                 if param.grad is not None:
                     param.grad = param.grad.clone()  # out of the bucket buffer we are about to drop
         self._install_buckets([])
+        if self._shared_memory is not None:
+            self._shared_memory.close()
+            self._shared_memory = None
         self._removed = True
+
+    # ------------------------------------------------------------------ transport
+    def _connect_transport(self, transport: str, timeout: timedelta) -> SharedMemoryAllReduce | None:
+        """Shared memory between CPU ranks of one host when possible ("auto"), else the process group."""
+        if self._world_size == 1 or transport == "process_group":
+            return None
+        devices = {param.device.type for param in self._params}
+        if devices != {"cpu"}:
+            if transport == "shared_memory":
+                raise ValueError(f"transport='shared_memory' reduces CPU gradients only; these parameters live on "
+                                 f"{sorted(devices)}. Use transport='auto' or 'process_group'.")
+            return None
+        return connect_shared_memory(self._group, transport=transport, timeout=timeout)
 
     # ------------------------------------------------------------------ buckets
     def _caps(self, bucket_cap_mb: float | None = None) -> dict[str, float]:

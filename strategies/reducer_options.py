@@ -12,11 +12,13 @@ from typing import Any
 
 from strategies.autotune import AUTO
 from strategies.comm_hooks import CommHook, resolve_comm_hook
+from strategies.shm_transport import check_transport
 
 
 @dataclass(frozen=True)
 class ReducerOptions:
-    """`bucket_cap_mb` is a positive number of MiB or "auto" (timed during the first steps)."""
+    """`bucket_cap_mb` is a positive number of MiB or "auto" (timed during the first steps);
+    `transport` is "auto", "shared_memory" or "process_group" (strategies/shm_transport.py)."""
 
     bucket_cap_mb: float | str = 25.0
     first_bucket_cap_mb: float = 1.0
@@ -24,6 +26,7 @@ class ReducerOptions:
     comm_hook: str | CommHook | None = None
     find_unused_parameters: bool = False
     broadcast_buffers: bool = True
+    transport: str = "auto"
 
     def __post_init__(self) -> None:
         if self.bucket_cap_mb != AUTO:
@@ -34,6 +37,7 @@ class ReducerOptions:
         for name in ("gradient_as_bucket_view", "find_unused_parameters", "broadcast_buffers"):
             check_bool(name, getattr(self, name))
         resolve_comm_hook(self.comm_hook)  # names the accepted hooks on a bad value
+        check_transport(self.transport)
 
 
 def check_positive_number(name: str, value: Any, unit: str = "MiB") -> None:

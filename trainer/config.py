@@ -20,6 +20,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from strategies.environment import LocalEnvironment, SLURMEnvironment, TorchElasticEnvironment
+from strategies.shm_transport import TRANSPORTS
 
 PRECISIONS = ("32-true", "64-true", "16-mixed", "bf16-mixed")
 PRECISION_ALIASES = {"32": "32-true", "64": "64-true", "16": "16-mixed", "bf16": "bf16-mixed"}
@@ -94,6 +95,7 @@ class DDPStrategyConfig:
     max_restarts: int = 0
     stall_timeout: Optional[float] = 25.0
     debug_collectives: bool = False
+    transport: str = "auto"
 
 
 @dataclass
@@ -307,6 +309,8 @@ def _check_strategy(strategy: Any, trainer: DictConfig) -> None:
         _check_one_of(strategy, "comm_hook", (None, "fp16", "bf16"), prefix="strategy.")
     if "process_group_backend" in strategy:
         _check_one_of(strategy, "process_group_backend", (None, "gloo", "nccl", "mpi", "ucc"), prefix="strategy.")
+    if "transport" in strategy:
+        _check_one_of(strategy, "transport", TRANSPORTS, prefix="strategy.")
     for key in ("bucket_cap_mb", "first_bucket_cap_mb"):
         value = strategy.get(key)
         if key not in strategy or (key == "bucket_cap_mb" and value == "auto"):

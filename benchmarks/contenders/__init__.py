@@ -26,5 +26,9 @@ CONTENDERS: dict[str, Contender] = {c.name: c for c in (
     Contender("pl_ours", "Lightning Trainer + our LightningDDPStrategy", "benchmarks.contenders.pl_ours"),
     Contender("ours_bf16", "our Trainer + DDPStrategy(comm_hook=\"bf16\")", "benchmarks.contenders.ours",
               {"comm_hook": "bf16"}),
+    # Ours with gloo carrying the buckets, as torch DDP does: what the shared-memory transport buys.
+    Contender("ours_gloo", "our Trainer + DDPStrategy(transport=\"process_group\")", "benchmarks.contenders.ours",
+              {"transport": "process_group"}),
 )}
+
 BASELINE = "torch_ddp"

@@ -1,4 +1,4 @@
-"""Our Trainer with our DDPStrategy (`--comm-hook bf16`, `--bucket-cap-mb N|auto` for variants).
+"""Our Trainer with our DDPStrategy (`--comm-hook bf16`, `--bucket-cap-mb N|auto`, `--transport T` for variants).
 
 Logging, checkpointing, the progress bar and the model summary are off, as for the Lightning
 contenders; the TelemetryMonitor stays, since it is on by default.
@@ -34,7 +34,8 @@ def _ensure_telemetry(trainer: Trainer) -> None:
 
 def main(args: argparse.Namespace) -> None:
     probe, work = Probe(args), workload(args)
-    strategy = DDPStrategy(comm_hook=args.comm_hook, bucket_cap_mb=_bucket_cap(args.bucket_cap_mb))
+    transport = {} if args.transport is None else {"transport": args.transport}  # older checkouts lack it
+    strategy = DDPStrategy(comm_hook=args.comm_hook, bucket_cap_mb=_bucket_cap(args.bucket_cap_mb), **transport)
     trainer = Trainer(accelerator="cpu", devices=args.devices, strategy=strategy, max_steps=probe.total_steps,
                       callbacks=[ProbeCallback(probe)], logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, default_root_dir=args.out)
@@ -43,4 +44,4 @@ def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    main(parse_args(comm_hook=str, bucket_cap_mb=str))
+    main(parse_args(comm_hook=str, bucket_cap_mb=str, transport=str))

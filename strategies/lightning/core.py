@@ -42,7 +42,8 @@ class ReducedModule(nn.Module):
     by the reducer's hooks during backward.
     """
 
-    def __init__(self, module: nn.Module, options: ReducerOptions, rank: int) -> None:
+    def __init__(self, module: nn.Module, options: ReducerOptions, rank: int,
+                 timeout: timedelta = default_pg_timeout) -> None:
         super().__init__()
         check_same_parameters(module, rank)  # a clear error instead of a hang on mismatched models
         broadcast_tensors([*module.parameters(), *module.buffers()])
@@ -52,7 +53,8 @@ class ReducedModule(nn.Module):
                                    first_bucket_cap_mb=options.first_bucket_cap_mb,
                                    gradient_as_bucket_view=options.gradient_as_bucket_view,
                                    comm_hook=options.comm_hook,
-                                   find_unused_parameters=options.find_unused_parameters)
+                                   find_unused_parameters=options.find_unused_parameters,
+                                   transport=options.transport, timeout=timeout)
 
     @override
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -84,19 +86,20 @@ def build_strategy_class(base: type[Any], module: str) -> type[Any]:
     class LightningDDPStrategy(base):  # type: ignore[misc,valid-type]
         """Lightning's DDP strategy with our bucketed GradReducer instead of torch's DDP.
 
-        The first six arguments are those of our `DDPStrategy`; the rest are Lightning's own.
+        The first seven arguments are those of our `DDPStrategy`; the rest are Lightning's own.
         Registered as "bucket_ddp" (subprocess launcher, like "ddp") and "bucket_ddp_spawn".
         """
 
         def __init__(self, bucket_cap_mb: float | str = 25, first_bucket_cap_mb: float = 1,
                      gradient_as_bucket_view: bool = True, comm_hook: str | CommHook | None = None,
-                     find_unused_parameters: bool = False, broadcast_buffers: bool = True, *,
+                     find_unused_parameters: bool = False, broadcast_buffers: bool = True,
+                     transport: str = "auto", *,
                      accelerator: Any = None, parallel_devices: list[torch.device] | None = None,
                      cluster_environment: Any = None, checkpoint_io: Any = None, precision_plugin: Any = None,
                      process_group_backend: str | None = None, timeout: timedelta | None = default_pg_timeout,
                      start_method: str = "popen") -> None:
             self.reducer_options = ReducerOptions(bucket_cap_mb, first_bucket_cap_mb, gradient_as_bucket_view,
-                                                  comm_hook, find_unused_parameters, broadcast_buffers)
+                                                  comm_hook, find_unused_parameters, broadcast_buffers, transport)
             if start_method not in START_METHODS:
                 raise ValueError(f"start_method={start_method!r} is not supported; expected one of {START_METHODS}.")
             super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
@@ -112,7 +115,8 @@ def build_strategy_class(base: type[Any], module: str) -> type[Any]:
 
         @override
         def _setup_model(self, model: nn.Module) -> nn.Module:
-            return ReducedModule(model, self.reducer_options, rank=self.global_rank)
+            return ReducedModule(model, self.reducer_options, rank=self.global_rank,
+                                 timeout=self._timeout or default_pg_timeout)
 
         @override
         @contextlib.contextmanager

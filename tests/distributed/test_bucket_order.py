@@ -41,6 +41,7 @@ def _train_branches(rank: int, world_size: int) -> dict[str, Any]:
     model = BranchNet()
     ready = _readiness_recorder(model)
     reducer = GradReducer(model, bucket_cap_mb=0.0001)  # about one bucket per parameter
+    broadcasts.clear()  # setting up the shared-memory transport broadcasts its file name
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     plans = [reducer.summary()["bucket_param_indices"]]
     for step in range(STEPS):

@@ -153,6 +153,10 @@ CORE_CASES = [
     Case("view_zero_in_place", set_to_none=False, reducer={"bucket_cap_mb": TINY_MB}),
     Case("accumulate_view", micro_batches=2, reducer={"bucket_cap_mb": TINY_MB}),
     Case("accumulate_no_view", micro_batches=2, optimizer="adam", reducer={"gradient_as_bucket_view": False}),
+    # The default transport between CPU ranks of one host is shared memory; gloo's stays covered.
+    Case("process_group_sgd", reducer={"transport": "process_group"}),
+    Case("process_group_tiny_buckets_adam", reducer={"transport": "process_group", "bucket_cap_mb": TINY_MB},
+         optimizer="adam"),
 ]
 
 
@@ -162,6 +166,8 @@ def test_matches_ddp_and_global_batch() -> None:
     _check(results, CORE_CASES)
     summary = results[0]["tiny_buckets_adam"]["summary"]
     assert summary["buckets"] == 6 and summary["rebuilt"]
+    assert summary["transport"] == "shared_memory"
+    assert results[0]["process_group_sgd"]["summary"]["transport"] == "process_group"
 
 
 UNUSED_CASES = [
@@ -190,6 +196,8 @@ PRECISION_CASES = [
     Case("bf16_autocast", autocast=True, global_tol=5e-3),
     Case("fp16_hook", reducer={"comm_hook": "fp16"}, ddp_hook="fp16", global_tol=5e-4),
     Case("bf16_hook", reducer={"comm_hook": "bf16"}, ddp_hook="bf16", global_tol=5e-3),
+    Case("bf16_hook_process_group", reducer={"comm_hook": "bf16", "transport": "process_group"}, ddp_hook="bf16",
+         global_tol=5e-3),
 ]
 
 
@@ -241,6 +249,7 @@ def test_remove_leaves_standalone_grads() -> None:
     ({"first_bucket_cap_mb": -1.0}, ValueError),
     ({"comm_hook": "fp8"}, ValueError),
     ({"comm_hook": 3}, TypeError),
+    ({"transport": "tcp"}, ValueError),
 ])
 def test_rejects_bad_arguments(kwargs: dict[str, Any], error: type[Exception]) -> None:
     with pytest.raises(error):

@@ -1,0 +1,120 @@
+"""The same-host shared-memory all-reduce against gloo's, on real ranks.
+
+It must give gloo's sums (bit-exact with two ranks, where a + b has one order), bit-identical
+values on every rank, in any dtype and for tensors larger than one slot; clean up its file;
+fall back to the process group when it cannot serve every rank ("auto"), or say why
+("shared_memory"); and turn a peer that never arrives into an error naming that peer.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import strategies.shm_transport as shm
+from tests.helpers.reducer_models import identical_across_ranks
+from tests.helpers.spawn import RankFailed, run_on_ranks
+
+pytestmark = pytest.mark.timeout(120)
+
+SLOT = 4096  # bytes: small, so the larger tensors take several rounds
+SIZES = [1, 17, 1023, 1024, 1025, 5000]  # fp32 1024 = exactly one slot; 5000 = five rounds
+DTYPES = [torch.float32, torch.bfloat16, torch.float64]
+
+
+def _contribution(rank: int, numel: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(1000 * seed + rank)
+    return torch.randn(numel, generator=generator).to(dtype)
+
+
+def _compare_with_gloo(rank: int, world_size: int, directory: str) -> dict[str, Any]:
+    os.environ[shm.SHM_DIR_ENV] = directory
+    transport = shm.connect_shared_memory(None, transport="shared_memory", timeout=timedelta(seconds=30),
+                                          slot_bytes=SLOT)
+    assert transport is not None
+    files_after_setup = os.listdir(directory)
+    cases = [(numel, dtype) for numel in SIZES for dtype in DTYPES]
+    ours = [_contribution(rank, numel, dtype, seed) for seed, (numel, dtype) in enumerate(cases)]
+    futures = [transport.all_reduce_async(tensor) for tensor in ours]  # all queued before any wait
+    for future, tensor in zip(futures, ours):
+        assert future.wait()[0] is tensor
+    worst, identical = 0.0, True
+    for seed, ((numel, dtype), tensor) in enumerate(zip(cases, ours)):
+        expected = _contribution(rank, numel, dtype, seed)
+        dist.all_reduce(expected)
+        worst = max(worst, (tensor.double() - expected.double()).abs().max().item())
+        identical &= identical_across_ranks(tensor.double())
+    transport.close()
+    return {"worst": worst, "identical": identical, "files_after_setup": files_after_setup}
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_sums_like_gloo_in_every_dtype_and_size(world_size: int, tmp_path: Path) -> None:
+    results = run_on_ranks(_compare_with_gloo, world_size, str(tmp_path))
+    for rank, result in enumerate(results):
+        assert result["identical"], f"rank {rank} differs from its peers"
+        assert result["files_after_setup"] == [], "the region file must be unlinked once every rank mapped it"
+        if world_size == 2:  # one addition per element: the same order as gloo's, so the same bits
+            assert result["worst"] == 0.0, result
+        else:  # three addends in another order: rounding of the lowest precision (bf16) at most
+            assert result["worst"] < 0.05, result
+    assert list(tmp_path.iterdir()) == []
+
+
+def _connect(rank: int, world_size: int, transport: str, directory: str, split_hosts: bool) -> str | None:
+    os.environ[shm.SHM_DIR_ENV] = directory
+    if split_hosts:
+        shm._host_identity = lambda: f"host-{rank}"  # type: ignore[assignment]  # as on two machines
+    connected = shm.connect_shared_memory(None, transport=transport, timeout=timedelta(seconds=30))
+    if connected is None:
+        return None
+    connected.close()
+    return "shared_memory"
+
+
+@pytest.mark.parametrize("split_hosts", [False, True], ids=["no-shm-dir", "two-hosts"])
+def test_auto_falls_back_to_the_process_group_on_every_rank(split_hosts: bool, tmp_path: Path) -> None:
+    directory = str(tmp_path) if split_hosts else str(tmp_path / "missing")
+    assert run_on_ranks(_connect, 2, "auto", directory, split_hosts) == [None, None]
+    assert run_on_ranks(_connect, 2, "auto", str(tmp_path), False) == ["shared_memory", "shared_memory"]
+
+
+def test_shared_memory_that_cannot_be_had_is_an_error_naming_why(tmp_path: Path) -> None:
+    with pytest.raises(RankFailed, match=r"unavailable: rank 0: .*missing does not exist.*transport='auto'"):
+        run_on_ranks(_connect, 2, "shared_memory", str(tmp_path / "missing"), False)
+    with pytest.raises(RankFailed, match="unavailable: the ranks run on 2 hosts"):
+        run_on_ranks(_connect, 2, "shared_memory", str(tmp_path), True)
+
+
+def _one_rank_never_arrives(rank: int, world_size: int, directory: str) -> str:
+    os.environ[shm.SHM_DIR_ENV] = directory
+    transport = shm.connect_shared_memory(None, transport="shared_memory", timeout=timedelta(seconds=2))
+    assert transport is not None
+    message = "arrived"
+    if rank == 0:
+        future = transport.all_reduce_async(torch.ones(10))
+        try:
+            future.wait()
+        except Exception as error:  # noqa: BLE001 - the message is what the test checks
+            message = str(error)
+        later = transport.all_reduce_async(torch.ones(10))  # a broken transport fails at once, no new wait
+        with pytest.raises(Exception, match="waited"):
+            later.wait()
+    transport.close()
+    return message
+
+
+def test_a_peer_that_never_arrives_is_an_error_naming_it(tmp_path: Path) -> None:
+    message = run_on_ranks(_one_rank_never_arrives, 2, str(tmp_path))[0]
+    assert "rank 0 waited" in message and "for rank 1 to copy its gradients in" in message, message
+
+
+def test_rejects_an_unknown_transport() -> None:
+    with pytest.raises(ValueError, match="transport='tcp'.*'auto', 'shared_memory', 'process_group'"):
+        shm.check_transport("tcp")
