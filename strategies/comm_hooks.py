@@ -5,7 +5,9 @@ asynchronously and return at once, so backward keeps computing while the bucket 
 future resolves to the averaged flat gradients (the reducer copies them into the bucket
 buffer if the hook returns a different tensor). The reducer calls hooks for buckets in index
 order on every rank, so a hook may issue collectives freely as long as it issues the same ones
-for every bucket on every rank.
+for every bucket on every rank. `state.all_reduce_async(tensor)` sums over the reducer's
+transport (shared memory between CPU ranks of one host, else the process group); a hook that
+calls `torch.distributed` itself always uses the process group.
 
 Division happens *before* the sum, as in torch's default hooks: it keeps the summed values in
 the range of the gradients themselves, which matters most for the fp16 hook.
