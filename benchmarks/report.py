@@ -135,7 +135,7 @@ def render_breakdown(results: dict[str, Any]) -> str:
     lines = ["| workload | contender | step | forward | backward | exposed comm | optimizer | comm (total) | overlap |",
              "|---|---|---|---|---|---|---|---|---|"]
     for workload in results["summary"]:
-        for name in ("ours", "ours_bf16"):
+        for name in ("ours", "ours_gloo", "ours_bf16"):
             runs = [run["telemetry"] for run in results["runs"] if run["workload"] == workload
                     and run["contender"] == name and run.get("telemetry")]
             if not runs:
