@@ -47,8 +47,15 @@ TRANSPORTS = ("auto", "shared_memory", "process_group")
 SHM_DIR_ENV = "DDP_TRAINER_SHM_DIR"  # where the region file lives; /dev/shm unless set (tests)
 _DEFAULT_SLOT_BYTES = 2 * 2**20  # per rank; larger measured no faster, and every rank maps every slot (RSS)
 _FLAGS_BYTES = 4096  # one page: the flags never share a cache line with gradient data
-_READY, _REDUCED, _DONE, _TOKEN = 0, 1, 2, 3
-_ALIGN_ELEMENTS = 16  # chunk boundaries on 64-byte lines for fp32, so two writers never share one
+# Words of a rank's flags page. SHAPE (element count and dtype of the round) is written before
+# READY, so peers can refuse a round whose tensors differ instead of summing garbage; FAILED lets a
+# rank that hit an error stop its peers at once instead of after the timeout.
+_READY, _REDUCED, _DONE, _TOKEN, _SHAPE, _FAILED = 0, 1, 2, 3, 4, 5
+_ALIGN_BYTES = 64  # chunk boundaries on cache lines, so two writers never share one
+_CLOSE_WAIT_S = 30.0
+_DTYPE_CODES = {dtype: code for code, dtype in enumerate(
+    (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.uint8,
+     torch.int8, torch.int16, torch.complex64, torch.complex128), start=1)}
 _log = logging.getLogger(__name__)
 
 
@@ -75,6 +82,9 @@ class SharedMemoryAllReduce:
 
     def __init__(self, region: mmap.mmap, *, rank: int, world_size: int, slot_bytes: int,
                  timeout: timedelta) -> None:
+        if slot_bytes <= 0 or slot_bytes % mmap.PAGESIZE:
+            raise ValueError(f"slot_bytes={slot_bytes} must be a positive multiple of the page size "
+                             f"({mmap.PAGESIZE}), so every rank's flags and slot stay aligned.")
         self.rank, self.world_size, self.slot_bytes = rank, world_size, slot_bytes
         self._timeout_s = timeout.total_seconds()
         self._region = region
@@ -105,19 +115,25 @@ class SharedMemoryAllReduce:
         return future
 
     def close(self) -> None:
-        """Stop the worker and unmap the region (after the queued reductions finished)."""
+        """Finish the queued reductions, stop the worker and unmap the region.
+
+        A worker still waiting for a peer after `_CLOSE_WAIT_S` is told to give up; one that still
+        does not stop keeps the mapping (unmapping memory a thread may touch would be a crash).
+        """
         if self._closed:
             return
-        self._closed = True
         self._queue.put(None)
-        self._thread.join(timeout=self._timeout_s)
+        self._thread.join(timeout=_CLOSE_WAIT_S)
+        self._closed = True  # from here on, a wait gives up at its next poll
+        self._thread.join(timeout=1.0)
+        if self._thread.is_alive():
+            _log.warning("the shared-memory all-reduce worker of rank %d did not stop; its mapping stays until "
+                         "the process exits.", self.rank)
+            return
         for flags in self._flags:
             flags.release()
         self._flags, self._slots = [], []
-        try:
-            self._region.close()
-        except BufferError:  # a caller still holds a view; the mapping goes with the process
-            pass
+        self._region.close()
 
     # ------------------------------------------------------------------ worker thread
     def _serve(self) -> None:
@@ -141,6 +157,7 @@ class SharedMemoryAllReduce:
                 self._round(flat[start:start + per_round])
         except BaseException as error:  # noqa: BLE001 - handed to the waiting rank's main thread
             self._failure = error  # the flags are mid-round now: every later reduction fails too
+            self._publish(_FAILED, 1)  # peers stop waiting for us at their next poll
             _fail(future, error)
         else:
             future.set_result([tensor])
@@ -152,9 +169,11 @@ class SharedMemoryAllReduce:
         mine = slots[self.rank]
         self._wait_for_all(_DONE, generation - 1, "finish reading the previous round")
         mine.copy_(piece)
+        self._publish(_SHAPE, count * 64 + _DTYPE_CODES.get(piece.dtype, 0))
         self._publish(_READY, generation)
         self._wait_for_all(_READY, generation, "copy its gradients in")
-        low, high = self._chunk(count, self.rank)
+        self._check_same_shape(piece, generation)
+        low, high = self._chunk(count, self.rank, piece.element_size())
         if high > low:  # summed into private memory: my slot still holds my addend until the sum is done
             share = piece[low:high]
             torch.add(slots[0][low:high], slots[1][low:high], out=share)
@@ -165,38 +184,54 @@ class SharedMemoryAllReduce:
         self._wait_for_all(_REDUCED, generation, "sum its share")
         for peer in range(self.world_size):
             if peer != self.rank:
-                low, high = self._chunk(count, peer)
+                low, high = self._chunk(count, peer, piece.element_size())
                 piece[low:high].copy_(slots[peer][low:high])
         self._publish(_DONE, generation)
 
-    def _chunk(self, count: int, owner: int) -> tuple[int, int]:
+    def _check_same_shape(self, piece: torch.Tensor, generation: int) -> None:
+        mine = self._flags[self.rank][_SHAPE]
+        for peer in range(self.world_size):
+            theirs = self._flags[peer][_SHAPE]
+            if theirs != mine:
+                raise RuntimeError(
+                    f"shared-memory all-reduce round {generation}: rank {self.rank} sends {mine // 64} elements "
+                    f"({piece.dtype}) but rank {peer} sends {theirs // 64} (dtype code {theirs % 64}); every rank "
+                    "must reduce the same gradients in the same order (are the models or the code different?).")
+
+    def _chunk(self, count: int, owner: int, element_size: int) -> tuple[int, int]:
+        align = max(1, _ALIGN_BYTES // element_size)
         per_rank = -(-count // self.world_size)
-        per_rank = -(-per_rank // _ALIGN_ELEMENTS) * _ALIGN_ELEMENTS
+        per_rank = -(-per_rank // align) * align
         return min(count, owner * per_rank), min(count, (owner + 1) * per_rank)
 
     def _publish(self, flag: int, generation: int) -> None:
         self._flags[self.rank][flag] = generation
 
     def _wait_for_all(self, flag: int, generation: int, stage: str) -> None:
+        started = None
+        polls = 0
         for peer in range(self.world_size):
             flags = self._flags[peer]
-            if flags[flag] >= generation:
-                continue
-            started = time.monotonic()
-            polls = 0
             while flags[flag] < generation:
+                started = time.monotonic() if started is None else started
                 polls += 1
                 # A few quick yields cover a peer that is microseconds behind; after that, sleep, so a
                 # waiting rank leaves the (possibly shared) core to the peer it waits for.
                 time.sleep(0 if polls < 32 else min(1e-3, 2e-5 * (polls - 31)))
-                if self._closed:
-                    raise RuntimeError("the shared-memory all-reduce was closed while it waited.")
-                waited = time.monotonic() - started
-                if waited > self._timeout_s:
-                    raise SharedMemoryTimeout(
-                        f"rank {self.rank} waited {waited:.0f} s for rank {peer} to {stage} in shared-memory "
-                        f"all-reduce round {generation}; rank {peer} is stuck, dead, or running different "
-                        "code (every rank must reduce the same gradients in the same order).")
+                if flags[flag] < generation:  # a peer may flag a failure right after arriving: arrival wins
+                    self._check_still_waiting(peer, stage, generation, time.monotonic() - started)
+
+    def _check_still_waiting(self, peer: int, stage: str, generation: int, waited: float) -> None:
+        if self._flags[peer][_FAILED]:
+            raise RuntimeError(f"rank {peer} failed in shared-memory all-reduce round {generation} (its own error "
+                               f"says why); rank {self.rank} stopped waiting for it to {stage}.")
+        if self._closed:
+            raise RuntimeError("the shared-memory all-reduce was closed while it waited.")
+        if waited > self._timeout_s:
+            raise SharedMemoryTimeout(
+                f"rank {self.rank} waited {waited:.0f} s for rank {peer} to {stage} in shared-memory "
+                f"all-reduce round {generation}; rank {peer} is stuck, dead, or running different "
+                "code (every rank must reduce the same gradients in the same order).")
 
 
 def _fail(future: torch.futures.Future[list[torch.Tensor]], error: BaseException) -> None:
@@ -217,24 +252,25 @@ def connect_shared_memory(group: dist.ProcessGroup | None, *, transport: str, ti
     if transport == "process_group" or world_size == 1:
         return None
     rank = dist.get_rank(group)
-    LEDGER.begin("all_gather(shared-memory hosts)")
-    reports: list[Any] = [None] * world_size
-    dist.all_gather_object(reports, (_host_identity(), _local_obstacle(world_size * (slot_bytes + _FLAGS_BYTES))),
-                           group=group)
+    # Every local step turns its errors into an _Obstacle, so every rank reaches every collective
+    # below and all ranks reach the same verdict: no rank can be left waiting in one.
+    reports = _gather(group, "hosts", (_host_identity(), _local_obstacle(world_size * (slot_bytes + _FLAGS_BYTES))))
     obstacle = _first_obstacle(reports)
-    name_box: list[Any] = [None]
-    if obstacle is None and rank == 0:
-        name_box[0] = _create_region(world_size, slot_bytes)
+    created: tuple[str, int] | _Obstacle | None = None
     if obstacle is None:
+        box: list[Any] = [_create_region(world_size, slot_bytes) if rank == 0 else None]
         LEDGER.begin("broadcast(shared-memory region)")
-        dist.broadcast_object_list(name_box, src=_global_rank(group, 0), group=group)
-        obstacle = name_box[0] if isinstance(name_box[0], _Obstacle) else None
-    region, opened = (None, obstacle) if obstacle is not None else _open_region(name_box[0], world_size, slot_bytes)
-    LEDGER.begin("all_gather(shared-memory mapped)")
-    results: list[Any] = [None] * world_size
-    dist.all_gather_object(results, opened, group=group)  # also the barrier before the file is unlinked
-    if rank == 0 and name_box[0] is not None and not isinstance(name_box[0], _Obstacle):
-        _unlink_quietly(name_box[0][0])
+        dist.broadcast_object_list(box, src=_global_rank(group, 0), group=group)
+        created = box[0]
+        obstacle = created if isinstance(created, _Obstacle) else None
+    region: mmap.mmap | None = None
+    try:
+        if isinstance(created, tuple):
+            region, obstacle = _open_region(created, rank, world_size, slot_bytes)
+        results = _gather(group, "mapped", obstacle)  # also the barrier before the file is unlinked
+    finally:
+        if rank == 0 and isinstance(created, tuple):
+            _unlink_quietly(created[0])
     obstacle = next((result for result in results if result is not None), None)
     if obstacle is None and region is not None:
         return SharedMemoryAllReduce(region, rank=rank, world_size=world_size, slot_bytes=slot_bytes,
@@ -246,6 +282,13 @@ def connect_shared_memory(group: dist.ProcessGroup | None, *, transport: str, ti
         raise RuntimeError(message + ". Use strategy transport='auto' or 'process_group'.")
     _log.info("%s; gradients go through the process group instead.", message)
     return None
+
+
+def _gather(group: dist.ProcessGroup | None, what: str, mine: Any) -> list[Any]:
+    LEDGER.begin(f"all_gather(shared-memory {what})")
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, mine, group=group)
+    return gathered
 
 
 class _Obstacle(str):
@@ -271,7 +314,10 @@ def _local_obstacle(region_bytes: int) -> _Obstacle | None:
     directory = _shm_dir()
     if not os.path.isdir(directory):
         return _Obstacle(f"{directory} does not exist")
-    stats = os.statvfs(directory)
+    try:
+        stats = os.statvfs(directory)
+    except OSError as error:
+        return _Obstacle(f"cannot read the free space of {directory}: {error}")
     free = stats.f_bavail * stats.f_frsize
     if free < 2 * region_bytes:
         return _Obstacle(f"{directory} has {free / 2**20:.0f} MiB free, fewer than twice the "
@@ -301,13 +347,13 @@ def _create_region(world_size: int, slot_bytes: int) -> tuple[str, int] | _Obsta
             os.pwrite(fd, token.to_bytes(8, "little"), _TOKEN * 8)  # rank 0's flags page carries the token
         finally:
             os.close(fd)
-    except OSError as error:
+    except Exception as error:  # noqa: BLE001 - any failure becomes a reason every rank hears
         _unlink_quietly(path)
-        return _Obstacle(f"rank 0 could not create {path}: {error}")
+        return _Obstacle(f"rank 0 could not create {path}: {type(error).__name__}: {error}")
     return path, token
 
 
-def _open_region(created: tuple[str, int], world_size: int,
+def _open_region(created: tuple[str, int], rank: int, world_size: int,
                  slot_bytes: int) -> tuple[mmap.mmap | None, _Obstacle | None]:
     path, token = created
     size = world_size * (_FLAGS_BYTES + slot_bytes)
@@ -317,18 +363,18 @@ def _open_region(created: tuple[str, int], world_size: int,
             region = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
-    except OSError as error:
-        return None, _Obstacle(f"rank {dist.get_rank()} could not map {path}: {error}")
+    except Exception as error:  # noqa: BLE001 - any failure becomes a reason every rank hears
+        return None, _Obstacle(f"rank {rank} could not map {path}: {type(error).__name__}: {error}")
     if int.from_bytes(region[_TOKEN * 8:_TOKEN * 8 + 8], "little") != token:
         region.close()
-        return None, _Obstacle(f"rank {dist.get_rank()} sees another {path} (a separate /dev/shm?)")
+        return None, _Obstacle(f"rank {rank} sees another {path} (a separate /dev/shm?)")
     return region, None
 
 
 def _unlink_quietly(path: str) -> None:
     try:
         os.unlink(path)
-    except FileNotFoundError:
+    except OSError:
         pass
 
 

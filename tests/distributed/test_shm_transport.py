@@ -9,6 +9,7 @@ fall back to the process group when it cannot serve every rank ("auto"), or say 
 from __future__ import annotations
 
 import os
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -119,3 +120,56 @@ def test_a_peer_that_never_arrives_is_an_error_naming_it(tmp_path: Path) -> None
 def test_rejects_an_unknown_transport() -> None:
     with pytest.raises(ValueError, match="transport='tcp'.*'auto', 'shared_memory', 'process_group'"):
         shm.check_transport("tcp")
+
+
+def _mismatched_sizes(rank: int, world_size: int, directory: str) -> str:
+    os.environ[shm.SHM_DIR_ENV] = directory
+    transport = shm.connect_shared_memory(None, transport="shared_memory", timeout=timedelta(seconds=60))
+    assert transport is not None
+    try:
+        transport.all_reduce_async(torch.ones(10 + 2 * rank)).wait()
+    except Exception as error:  # noqa: BLE001 - the message is what the test checks
+        return str(error)
+    finally:
+        transport.close()
+    return "no error"
+
+
+def test_ranks_sending_different_sizes_fail_instead_of_summing_garbage(tmp_path: Path) -> None:
+    started = time.monotonic()
+    messages = run_on_ranks(_mismatched_sizes, 2, str(tmp_path))
+    assert "rank 0 sends 10 elements (torch.float32) but rank 1 sends 12" in messages[0], messages
+    assert "rank 1 sends 12 elements (torch.float32) but rank 0 sends 10" in messages[1], messages
+    assert time.monotonic() - started < 30  # at once, not after the 60 s timeout
+
+
+def _one_rank_fails(rank: int, world_size: int, directory: str) -> str:
+    os.environ[shm.SHM_DIR_ENV] = directory
+    transport = shm.connect_shared_memory(None, transport="shared_memory", timeout=timedelta(seconds=60))
+    assert transport is not None
+    if rank == 1:  # fault injection: this rank's worker raises in the middle of its first round
+        def broken_round(piece: torch.Tensor) -> None:
+            raise ValueError("injected failure on rank 1")
+        transport._round = broken_round  # type: ignore[method-assign]
+    try:
+        transport.all_reduce_async(torch.ones(10)).wait()
+    except Exception as error:  # noqa: BLE001 - the message is what the test checks
+        return str(error)
+    finally:
+        transport.close()
+    return "no error"
+
+
+def test_a_failing_rank_stops_its_peers_at_once(tmp_path: Path) -> None:
+    started = time.monotonic()
+    messages = run_on_ranks(_one_rank_fails, 2, str(tmp_path))
+    assert "injected failure on rank 1" in messages[1]
+    assert "rank 1 failed in shared-memory all-reduce round 1" in messages[0], messages
+    assert time.monotonic() - started < 30  # not after the 60 s timeout
+
+
+def test_a_misaligned_slot_size_is_refused(tmp_path: Path) -> None:
+    import mmap
+    with pytest.raises(ValueError, match="slot_bytes=1000 must be a positive multiple of the page size"):
+        shm.SharedMemoryAllReduce(mmap.mmap(-1, 8192), rank=0, world_size=1, slot_bytes=1000,
+                                  timeout=timedelta(seconds=1))
