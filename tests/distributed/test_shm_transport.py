@@ -122,17 +122,26 @@ def test_rejects_an_unknown_transport() -> None:
         shm.check_transport("tcp")
 
 
-def _mismatched_sizes(rank: int, world_size: int, directory: str) -> str:
+def _reduce_and_report(rank: int, directory: str, numel: int, fail: bool) -> str:
+    """One all-reduce of `numel` ones; `fail` makes this rank's worker raise mid-round (fault injection)."""
     os.environ[shm.SHM_DIR_ENV] = directory
     transport = shm.connect_shared_memory(None, transport="shared_memory", timeout=timedelta(seconds=60))
     assert transport is not None
+    if fail:
+        def broken_round(piece: torch.Tensor) -> None:
+            raise ValueError(f"injected failure on rank {rank}")
+        transport._round = broken_round  # type: ignore[method-assign]
     try:
-        transport.all_reduce_async(torch.ones(10 + 2 * rank)).wait()
+        transport.all_reduce_async(torch.ones(numel)).wait()
     except Exception as error:  # noqa: BLE001 - the message is what the test checks
         return str(error)
     finally:
         transport.close()
     return "no error"
+
+
+def _mismatched_sizes(rank: int, world_size: int, directory: str) -> str:
+    return _reduce_and_report(rank, directory, numel=10 + 2 * rank, fail=False)
 
 
 def test_ranks_sending_different_sizes_fail_instead_of_summing_garbage(tmp_path: Path) -> None:
@@ -144,20 +153,7 @@ def test_ranks_sending_different_sizes_fail_instead_of_summing_garbage(tmp_path:
 
 
 def _one_rank_fails(rank: int, world_size: int, directory: str) -> str:
-    os.environ[shm.SHM_DIR_ENV] = directory
-    transport = shm.connect_shared_memory(None, transport="shared_memory", timeout=timedelta(seconds=60))
-    assert transport is not None
-    if rank == 1:  # fault injection: this rank's worker raises in the middle of its first round
-        def broken_round(piece: torch.Tensor) -> None:
-            raise ValueError("injected failure on rank 1")
-        transport._round = broken_round  # type: ignore[method-assign]
-    try:
-        transport.all_reduce_async(torch.ones(10)).wait()
-    except Exception as error:  # noqa: BLE001 - the message is what the test checks
-        return str(error)
-    finally:
-        transport.close()
-    return "no error"
+    return _reduce_and_report(rank, directory, numel=10, fail=rank == 1)
 
 
 def test_a_failing_rank_stops_its_peers_at_once(tmp_path: Path) -> None:
