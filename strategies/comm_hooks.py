@@ -37,7 +37,7 @@ class CommHookState:
     def all_reduce_async(self, tensor: torch.Tensor) -> torch.futures.Future[list[torch.Tensor]]:
         """Sum `tensor` in place over the ranks, asynchronously, by the reducer's transport."""
         if self.shared_memory is not None:
-            return self.shared_memory.all_reduce_async(tensor)
+            return self.shared_memory.all_reduce_async(tensor)  # same bits as gloo's sum at 2 ranks
         work = dist.all_reduce(tensor, group=self.process_group, async_op=True)
         if work is None:  # only with async_op=False; keeps the type checker honest
             raise RuntimeError("dist.all_reduce(async_op=True) returned no work handle.")
@@ -74,6 +74,12 @@ def _compressed_mean(dtype: torch.dtype) -> CommHook:
         buffer = bucket.buffer()
         if state.world_size == 1:  # nothing to send, so nothing to compress
             return completed_future(buffer)
+        if state.shared_memory is not None:
+            # Shared memory converts while copying into and out of the slots: no scratch copy and
+            # no separate compress/decompress passes. Sums are rounded like gloo's at 2 ranks.
+            if not bucket.prescaled:
+                buffer.div_(state.world_size)
+            return state.shared_memory.all_reduce_async(buffer, wire_dtype=dtype).then(lambda fut: fut.value()[0])
         # One reused low-precision buffer per bucket: a fresh one every step cost an allocation
         # and a page fault per 4 KiB. A prescaled bucket is converted as is (one pass instead of
         # two); for a power-of-two world size, x / n rounded equals x rounded, then / n.

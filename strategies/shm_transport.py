@@ -95,15 +95,21 @@ class SharedMemoryAllReduce:
                                         offset=k * stride + _FLAGS_BYTES) for k in range(world_size)]
         self._generation = 0
         self._failure: BaseException | None = None
-        self._queue: queue.SimpleQueue[tuple[torch.Tensor, torch.futures.Future[list[torch.Tensor]]] | None]
+        self._queue: queue.SimpleQueue[tuple[torch.Tensor, torch.dtype, torch.futures.Future[list[torch.Tensor]]] | None]
         self._queue = queue.SimpleQueue()
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name=f"ddp-shm-allreduce-{rank}", daemon=True)
         self._thread.start()
 
     # ------------------------------------------------------------------ public
-    def all_reduce_async(self, tensor: torch.Tensor) -> torch.futures.Future[list[torch.Tensor]]:
-        """Queue `tensor` (CPU, contiguous) for an in-place sum over the ranks; return at once."""
+    def all_reduce_async(self, tensor: torch.Tensor,
+                         wire_dtype: torch.dtype | None = None) -> torch.futures.Future[list[torch.Tensor]]:
+        """Queue `tensor` (CPU, contiguous) for an in-place sum over the ranks; return at once.
+
+        With a `wire_dtype` (bf16/fp16 compression), each rank's addend is rounded to it on the way
+        into its slot and the sum is rounded to it once; the additions themselves run in
+        `tensor`'s dtype, and every rank gets the same rounded values.
+        """
         if tensor.device.type != "cpu" or not tensor.is_contiguous():
             raise ValueError(f"the shared-memory all-reduce takes contiguous CPU tensors; got {tensor.device} "
                              f"(contiguous={tensor.is_contiguous()}). Use transport='process_group'.")
@@ -111,7 +117,7 @@ class SharedMemoryAllReduce:
         if self._failure is not None or self._closed:
             _fail(future, self._failure or RuntimeError("the shared-memory all-reduce was closed."))
             return future
-        self._queue.put((tensor, future))
+        self._queue.put((tensor, wire_dtype or tensor.dtype, future))
         return future
 
     def close(self) -> None:
@@ -146,15 +152,16 @@ class SharedMemoryAllReduce:
             # buffer would otherwise live on next to the new ones (a peak of one bucket's size).
             del item
 
-    def _reduce_one(self, tensor: torch.Tensor, future: torch.futures.Future[list[torch.Tensor]]) -> None:
+    def _reduce_one(self, tensor: torch.Tensor, wire_dtype: torch.dtype,
+                     future: torch.futures.Future[list[torch.Tensor]]) -> None:
         if self._failure is not None:
             _fail(future, self._failure)
             return
         try:
             flat = tensor.view(-1)
-            per_round = max(1, self.slot_bytes // flat.element_size())
+            per_round = max(1, self.slot_bytes // wire_dtype.itemsize)
             for start in range(0, flat.numel(), per_round):
-                self._round(flat[start:start + per_round])
+                self._round(flat[start:start + per_round], wire_dtype)
         except BaseException as error:  # noqa: BLE001 - handed to the waiting rank's main thread
             self._failure = error  # the flags are mid-round now: every later reduction fails too
             self._publish(_FAILED, 1)  # peers stop waiting for us at their next poll
@@ -162,40 +169,42 @@ class SharedMemoryAllReduce:
         else:
             future.set_result([tensor])
 
-    def _round(self, piece: torch.Tensor) -> None:
+    def _round(self, piece: torch.Tensor, wire_dtype: torch.dtype) -> None:
         generation = self._generation = self._generation + 1
         count = piece.numel()
-        slots = [slot[:count * piece.element_size()].view(piece.dtype) for slot in self._slots]
+        slots = [slot[:count * wire_dtype.itemsize].view(wire_dtype) for slot in self._slots]
         mine = slots[self.rank]
         self._wait_for_all(_DONE, generation - 1, "finish reading the previous round")
-        mine.copy_(piece)
-        self._publish(_SHAPE, count * 64 + _DTYPE_CODES.get(piece.dtype, 0))
+        mine.copy_(piece)  # rounds to the wire dtype on the way in, in the same pass
+        self._publish(_SHAPE, count * 64 + _DTYPE_CODES.get(wire_dtype, 0))
         self._publish(_READY, generation)
         self._wait_for_all(_READY, generation, "copy its gradients in")
-        self._check_same_shape(piece, generation)
-        low, high = self._chunk(count, self.rank, piece.element_size())
+        self._check_same_shape(wire_dtype, generation)
+        low, high = self._chunk(count, self.rank, wire_dtype.itemsize)
         if high > low:  # summed into private memory: my slot still holds my addend until the sum is done
             share = piece[low:high]
             torch.add(slots[0][low:high], slots[1][low:high], out=share)
             for slot in slots[2:]:
                 share.add_(slot[low:high])
             mine[low:high].copy_(share)
+            if wire_dtype != piece.dtype:  # keep what the peers will read: the sum rounded to the wire dtype
+                share.copy_(mine[low:high])
         self._publish(_REDUCED, generation)
         self._wait_for_all(_REDUCED, generation, "sum its share")
         for peer in range(self.world_size):
             if peer != self.rank:
-                low, high = self._chunk(count, peer, piece.element_size())
+                low, high = self._chunk(count, peer, wire_dtype.itemsize)
                 piece[low:high].copy_(slots[peer][low:high])
         self._publish(_DONE, generation)
 
-    def _check_same_shape(self, piece: torch.Tensor, generation: int) -> None:
+    def _check_same_shape(self, wire_dtype: torch.dtype, generation: int) -> None:
         mine = self._flags[self.rank][_SHAPE]
         for peer in range(self.world_size):
             theirs = self._flags[peer][_SHAPE]
             if theirs != mine:
                 raise RuntimeError(
                     f"shared-memory all-reduce round {generation}: rank {self.rank} sends {mine // 64} elements "
-                    f"({piece.dtype}) but rank {peer} sends {theirs // 64} (dtype code {theirs % 64}); every rank "
+                    f"({wire_dtype}) but rank {peer} sends {theirs // 64} (dtype code {theirs % 64}); every rank "
                     "must reduce the same gradients in the same order (are the models or the code different?).")
 
     def _chunk(self, count: int, owner: int, element_size: int) -> tuple[int, int]:
