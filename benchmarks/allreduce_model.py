@@ -195,14 +195,14 @@ def measure(world: int = 2, bucket_total: int = 32 * MiB) -> dict:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp, "result.json"))
-        mp.start_processes(_measure_rank, args=(world, _free_port(), out, bucket_total), nprocs=world,
+        mp.start_processes(_measure_rank, args=(world, free_port(), out, bucket_total), nprocs=world,
                            start_method="spawn")
         result = json.loads(Path(out).read_text())
     result["times"] = {int(size): seconds for size, seconds in result["times"].items()}
     return result
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])

@@ -131,7 +131,7 @@ def _reduce_and_report(rank: int, directory: str, numel: int, fail: bool) -> str
     transport = shm.connect_shared_memory(None, transport="shared_memory", timeout=timedelta(seconds=60))
     assert transport is not None
     if fail:
-        def broken_round(piece: torch.Tensor) -> None:
+        def broken_round(*_: Any) -> None:
             raise ValueError(f"injected failure on rank {rank}")
         transport._round = broken_round  # type: ignore[method-assign]
     try:
