@@ -3,8 +3,9 @@
 Why it exists: gloo moves every byte of a CPU all-reduce through the loopback TCP stack, so each
 byte is copied into the kernel and out again on both sides, on the same cores that compute the
 next gradients. On the 2-core project machine a 32 MiB all-reduce between two ranks costs gloo
-~22-46 ms of wall time and ~20-30 ms of CPU; through shared memory it costs ~10 ms. Gloo has no
-shared-memory transport (NCCL has one, for GPUs), so this file is ours.
+~29 ms of wall time and ~20 ms of CPU; through shared memory ~8 ms and ~6 ms
+(`python -m benchmarks.allreduce_micro`). Gloo has no shared-memory transport (NCCL has one, for
+GPUs), so this file is ours.
 
 How: every rank owns one region of a single file in /dev/shm, mapped by all ranks:
 `[flags page | data slot]`. A tensor is reduced in rounds of at most one slot; one round is
