@@ -34,10 +34,18 @@ class CommHookState:
     world_size: int
     shared_memory: SharedMemoryAllReduce | None = None
 
-    def all_reduce_async(self, tensor: torch.Tensor) -> torch.futures.Future[list[torch.Tensor]]:
-        """Sum `tensor` in place over the ranks, asynchronously, by the reducer's transport."""
+    def all_reduce_async(self, tensor: torch.Tensor,
+                         wire_dtype: torch.dtype | None = None) -> torch.futures.Future[list[torch.Tensor]]:
+        """Sum `tensor` in place over the ranks, asynchronously, by the reducer's transport.
+
+        `wire_dtype` (shared memory only) sends the addends rounded to it, converting on the way
+        into and out of the slots; the process group sends `tensor` as it is.
+        """
         if self.shared_memory is not None:
-            return self.shared_memory.all_reduce_async(tensor)  # same bits as gloo's sum at 2 ranks
+            return self.shared_memory.all_reduce_async(tensor, wire_dtype)  # gloo's bits at 2 ranks
+        if wire_dtype not in (None, tensor.dtype):
+            raise ValueError(f"all_reduce_async(wire_dtype={wire_dtype}) needs the shared-memory transport; "
+                             "over the process group, reduce a converted copy instead.")
         work = dist.all_reduce(tensor, group=self.process_group, async_op=True)
         if work is None:  # only with async_op=False; keeps the type checker honest
             raise RuntimeError("dist.all_reduce(async_op=True) returned no work handle.")
@@ -58,15 +66,20 @@ def completed_future(tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]
 def allreduce_mean(state: CommHookState, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Average the bucket in place: divide by world size (unless the reducer already did, while
     copying the gradients in: `bucket.prescaled`), then sum over ranks."""
-    buffer = bucket.buffer()
     if state.world_size == 1:  # the mean over one rank is the value itself: skip the collective
-        return completed_future(buffer)
-    if not bucket.prescaled:
-        buffer.div_(state.world_size)
-    return state.all_reduce_async(buffer).then(lambda fut: fut.value()[0])
+        return completed_future(bucket.buffer())
+    return _mean_in_place(state, bucket)
 
 
 allreduce_mean.accepts_prescaled = True  # type: ignore[attr-defined]  # read by GradReducer
+
+
+def _mean_in_place(state: CommHookState, bucket: GradBucket,
+                   wire_dtype: torch.dtype | None = None) -> torch.futures.Future[torch.Tensor]:
+    buffer = bucket.buffer()
+    if not bucket.prescaled:
+        buffer.div_(state.world_size)
+    return state.all_reduce_async(buffer, wire_dtype).then(lambda fut: fut.value()[0])
 
 
 def _compressed_mean(dtype: torch.dtype) -> CommHook:
@@ -77,9 +90,7 @@ def _compressed_mean(dtype: torch.dtype) -> CommHook:
         if state.shared_memory is not None:
             # Shared memory converts while copying into and out of the slots: no scratch copy and
             # no separate compress/decompress passes. Sums are rounded like gloo's at 2 ranks.
-            if not bucket.prescaled:
-                buffer.div_(state.world_size)
-            return state.shared_memory.all_reduce_async(buffer, wire_dtype=dtype).then(lambda fut: fut.value()[0])
+            return _mean_in_place(state, bucket, wire_dtype=dtype)
         # One reused low-precision buffer per bucket: a fresh one every step cost an allocation
         # and a page fault per 4 KiB. A prescaled bucket is converted as is (one pass instead of
         # two); for a power-of-two world size, x / n rounded equals x rounded, then / n.

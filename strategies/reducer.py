@@ -201,7 +201,7 @@ class GradReducer:
     # ------------------------------------------------------------------ transport
     def _connect_transport(self, transport: str, timeout: timedelta) -> SharedMemoryAllReduce | None:
         """Shared memory between CPU ranks of one host when possible ("auto"), else the process group."""
-        if self._world_size == 1 or transport == "process_group":
+        if self._world_size == 1:
             return None
         devices = {param.device.type for param in self._params}
         if devices != {"cpu"}:

@@ -64,13 +64,12 @@ class SharedMemoryTimeout(RuntimeError):
     """A peer did not reach the same stage of a shared-memory all-reduce within the timeout."""
 
 
-def check_transport(transport: Any) -> str:
-    """The transport name, or a ValueError listing the choices."""
+def check_transport(transport: Any) -> None:
+    """A ValueError listing the choices for anything but a known transport name."""
     if transport not in TRANSPORTS:
         raise ValueError(f"transport={transport!r} is not a known gradient transport; expected one of "
                          f"{list(TRANSPORTS)} ('auto': shared memory between CPU ranks on one x86-64 host, "
                          "else the process group).")
-    return str(transport)
 
 
 class SharedMemoryAllReduce:
