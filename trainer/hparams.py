@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import sys
 import types
 from typing import Any
 
@@ -50,11 +51,18 @@ def _plain(value: Any) -> Any:
         return [_plain(item) for item in value]
     if isinstance(value, dict):
         return {str(key): _plain(item) for key, item in value.items()}
-    try:  # an OmegaConf container, say
-        from omegaconf import DictConfig, ListConfig, OmegaConf
+    container = omegaconf_to_builtin(value)
+    return repr(value) if container is value else _plain(container)
 
-        if isinstance(value, (DictConfig, ListConfig)):
-            return _plain(OmegaConf.to_container(value, resolve=True))
-    except ImportError:
-        pass
-    return repr(value)
+
+def omegaconf_to_builtin(value: Any) -> Any:
+    """An OmegaConf container as plain dicts and lists (interpolations resolved); anything else as is.
+
+    OmegaConf is looked up in `sys.modules` instead of imported: a value can only be one of its
+    containers if the program already imported it, and importing it here would add 0.1 s and
+    7 MiB to every rank of every run that never uses Hydra.
+    """
+    omegaconf = sys.modules.get("omegaconf")
+    if omegaconf is not None and isinstance(value, omegaconf.Container):
+        return omegaconf.OmegaConf.to_container(value, resolve=True)
+    return value

@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-import yaml
-from omegaconf import Container, OmegaConf
+
+from trainer.hparams import omegaconf_to_builtin
 
 
 class Logger(abc.ABC):
@@ -101,8 +101,7 @@ def next_version(root_dir: str) -> int:
 def plain_params(value: Any) -> Any:
     """Hyperparameters as YAML-safe builtins: OmegaConf/Namespace/mappings become dicts, one-element
     tensors numbers, anything else its `str`, so logging hyperparameters never fails."""
-    if isinstance(value, Container):
-        value = OmegaConf.to_container(value, resolve=True)
+    value = omegaconf_to_builtin(value)
     if isinstance(value, argparse.Namespace):
         value = vars(value)
     if isinstance(value, Mapping):
@@ -115,6 +114,8 @@ def plain_params(value: Any) -> Any:
 
 
 def save_hparams_yaml(path: str, hparams: Mapping[str, Any]) -> None:
+    import yaml  # here, not at the top: only a logger that saves hyperparameters needs it
+
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w", encoding="utf-8") as handle:
         yaml.safe_dump(dict(hparams), handle, sort_keys=False)
