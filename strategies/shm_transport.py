@@ -263,7 +263,7 @@ def connect_shared_memory(group: dist.ProcessGroup | None, *, transport: str, ti
     rank = dist.get_rank(group)
     # Every local step turns its errors into an _Obstacle, so every rank reaches every collective
     # below and all ranks reach the same verdict: no rank can be left waiting in one.
-    reports = _gather(group, "hosts", (_host_identity(), _local_obstacle(world_size * (slot_bytes + _FLAGS_BYTES))))
+    reports = _gather(group, "hosts", (_host_identity(), _local_obstacle(_region_bytes(world_size, slot_bytes))))
     obstacle = _first_obstacle(reports)
     created: tuple[str, int] | _Obstacle | None = None
     if obstacle is None:
@@ -348,7 +348,7 @@ def _create_region(world_size: int, slot_bytes: int) -> tuple[str, int] | _Obsta
     """Rank 0: create and reserve the file (so a full /dev/shm fails here, not as a SIGBUS later)."""
     token = secrets.randbits(62)
     path = os.path.join(_shm_dir(), f"ddp_trainer_grads_{os.getpid()}_{token:x}")
-    size = world_size * (_FLAGS_BYTES + slot_bytes)
+    size = _region_bytes(world_size, slot_bytes)
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
@@ -365,7 +365,7 @@ def _create_region(world_size: int, slot_bytes: int) -> tuple[str, int] | _Obsta
 def _open_region(created: tuple[str, int], rank: int, world_size: int,
                  slot_bytes: int) -> tuple[mmap.mmap | None, _Obstacle | None]:
     path, token = created
-    size = world_size * (_FLAGS_BYTES + slot_bytes)
+    size = _region_bytes(world_size, slot_bytes)
     try:
         fd = os.open(path, os.O_RDWR)
         try:
@@ -378,6 +378,11 @@ def _open_region(created: tuple[str, int], rank: int, world_size: int,
         region.close()
         return None, _Obstacle(f"rank {rank} sees another {path} (a separate /dev/shm?)")
     return region, None
+
+
+def _region_bytes(world_size: int, slot_bytes: int) -> int:
+    """The file's size: one flags page and one slot per rank."""
+    return world_size * (_FLAGS_BYTES + slot_bytes)
 
 
 def _unlink_quietly(path: str) -> None:
