@@ -3,7 +3,7 @@
 Why it exists: gloo moves every byte of a CPU all-reduce through the loopback TCP stack, so each
 byte is copied into the kernel and out again on both sides, on the same cores that compute the
 next gradients. On the 2-core project machine a 32 MiB all-reduce between two ranks costs gloo
-~29 ms of wall time and ~20 ms of CPU; through shared memory ~8 ms and ~6 ms
+~29 ms of wall time and ~20 ms of CPU; through shared memory ~6 ms of each
 (`python -m benchmarks.allreduce_micro`). Gloo has no shared-memory transport (NCCL has one, for
 GPUs), so this file is ours.
 
@@ -54,6 +54,10 @@ _FLAGS_BYTES = 4096  # one page: the flags never share a cache line with gradien
 _READY, _REDUCED, _DONE, _TOKEN, _SHAPE, _FAILED = 0, 1, 2, 3, 4, 5
 _ALIGN_BYTES = 64  # chunk boundaries on cache lines, so two writers never share one
 _CLOSE_WAIT_S = 30.0
+# Flag checks before sleeping, each after a sched_yield (~1 us; `time.sleep(0)` costs ~90 us here,
+# a timer-slack sleep), so a peer a few microseconds behind is met without a wake-up.
+_QUICK_POLLS = 64
+_LONGEST_PAUSE_S = 1e-3  # the longest sleep between two looks at a peer's flag
 _DTYPE_CODES = {dtype: code for code, dtype in enumerate(
     (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.uint8,
      torch.int8, torch.int16, torch.complex64, torch.complex128), start=1)}
@@ -181,14 +185,8 @@ class SharedMemoryAllReduce:
         self._wait_for_all(_READY, generation, "copy its gradients in")
         self._check_same_shape(wire_dtype, generation)
         low, high = self._chunk(count, self.rank, wire_dtype.itemsize)
-        if high > low:  # summed into private memory: my slot still holds my addend until the sum is done
-            share = piece[low:high]
-            torch.add(slots[0][low:high], slots[1][low:high], out=share)
-            for slot in slots[2:]:
-                share.add_(slot[low:high])
-            mine[low:high].copy_(share)
-            if wire_dtype != piece.dtype:  # keep what the peers will read: the sum rounded to the wire dtype
-                share.copy_(mine[low:high])
+        if high > low:
+            self._sum_my_chunk(piece[low:high], [slot[low:high] for slot in slots])
         self._publish(_REDUCED, generation)
         self._wait_for_all(_REDUCED, generation, "sum its share")
         for peer in range(self.world_size):
@@ -196,6 +194,27 @@ class SharedMemoryAllReduce:
                 low, high = self._chunk(count, peer, wire_dtype.itemsize)
                 piece[low:high].copy_(slots[peer][low:high])
         self._publish(_DONE, generation)
+
+    def _sum_my_chunk(self, share: torch.Tensor, addends: list[torch.Tensor]) -> None:
+        """Sum my chunk of every rank's slot into `share` (my piece) and into my slot, for the peers.
+
+        Compressed (a wire dtype narrower than `share`), two addends are added by the wire dtype's
+        own kernel straight into my slot: on CPU it adds in fp32 and rounds once, the same bits as
+        an fp32 sum rounded, without the mixed-dtype add that is 2.5x slower. More addends are
+        accumulated in `share`'s dtype, so the sum is rounded once, not once per rank.
+        """
+        mine = addends[self.rank]
+        if mine.dtype != share.dtype and len(addends) == 2:
+            torch.add(addends[0], addends[1], out=mine)  # elementwise: writing an input in place is safe
+            share.copy_(mine)
+            return
+        # Into private memory first: my slot still holds my addend until the sum is done.
+        torch.add(addends[0], addends[1], out=share)
+        for addend in addends[2:]:
+            share.add_(addend)
+        mine.copy_(share)
+        if mine.dtype != share.dtype:  # keep what the peers will read: the sum rounded to the wire dtype
+            share.copy_(mine)
 
     def _check_same_shape(self, wire_dtype: torch.dtype, generation: int) -> None:
         mine = self._flags[self.rank][_SHAPE]
@@ -224,11 +243,18 @@ class SharedMemoryAllReduce:
             while flags[flag] < generation:
                 started = time.monotonic() if started is None else started
                 polls += 1
-                # A few quick yields cover a peer that is microseconds behind; after that, sleep, so a
-                # waiting rank leaves the (possibly shared) core to the peer it waits for.
-                time.sleep(0 if polls < 32 else min(1e-3, 2e-5 * (polls - 31)))
+                self._pause(polls)
                 if flags[flag] < generation:  # a peer may flag a failure right after arriving: arrival wins
                     self._check_still_waiting(peer, stage, generation, time.monotonic() - started)
+
+    def _pause(self, polls: int) -> None:
+        """Between two looks at a peer's flag: a few quick yields cover a peer that is microseconds
+        behind; after that, sleep, so a waiting rank leaves the (possibly shared) core to the peer it
+        waits for."""
+        if polls < _QUICK_POLLS:
+            os.sched_yield()
+        else:
+            time.sleep(min(_LONGEST_PAUSE_S, 2e-5 * (polls - _QUICK_POLLS + 1)))
 
     def _check_still_waiting(self, peer: int, stage: str, generation: int, waited: float) -> None:
         if self._flags[peer][_FAILED]:
