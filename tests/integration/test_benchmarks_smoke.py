@@ -18,8 +18,8 @@ REPO = Path(__file__).parents[2]
 @pytest.mark.timeout(120)
 def test_quick_run_writes_json_markdown_and_plot(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "benchmarks.run", "--quick", "--workloads", "cnn", "--contenders",
-               "torch_ddp,ours", "--steps", "2", "--warmup", "1", "--out", str(tmp_path), "--docs",
-               str(tmp_path / "readme.md")]
+               "torch_ddp,ours", "--steps", "2", "--warmup", "1", "--launch-repeats", "1", "--out", str(tmp_path),
+               "--docs", str(tmp_path / "readme.md")]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=110)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
@@ -34,6 +34,12 @@ def test_quick_run_writes_json_markdown_and_plot(tmp_path: Path) -> None:
     assert "| cnn (compute-bound) | our Trainer + DDPStrategy |" in (tmp_path / "results.md").read_text()
     assert (tmp_path / "results.png").stat().st_size > 10_000
     assert (tmp_path / "readme.md").read_text().startswith("## Results")
+    launch_runs = results["launch_runs"]  # launch-only: each run stops after its second step
+    assert [run["contender"] for run in launch_runs] == ["torch_ddp", "ours"]
+    assert all(rank["steps_done"] == 2 for run in launch_runs for rank in run["ranks"])
+    launch_target = next(t for t in results["targets"] if t["target"].startswith("launch->first step"))
+    expected = launch_runs[1]["launch_to_first_step_s"] / launch_runs[0]["launch_to_first_step_s"]
+    assert launch_target["measured"] == pytest.approx(expected) and "(launch-only rounds)" in launch_target["target"]
 
 
 def _run(workload: str, contender: str, repeat: int, speed: float) -> dict:
@@ -52,7 +58,12 @@ def test_report_ratios_targets_and_rendering(tmp_path: Path) -> None:
     assert summary["mlp"]["ours"]["speed_vs_torch_ddp"]["median"] == pytest.approx(1.2)
     assert summary["cnn"]["single"]["failed"] == 1 and summary["cnn"]["single"]["samples_per_s"] is None
     accuracy = {"val_acc": {"fp32": [0.97, 0.96], "bf16": [0.965, 0.96]}, "command": "ddp-train ..."}
-    found = {item["target"]: item for item in report.targets(summary, accuracy)}
+    launch = report.summarize([{**_run("mlp", name, repeat, 1.0), "launch_to_first_step_s": seconds + repeat}
+                               for repeat in range(3) for name, seconds in (("torch_ddp", 4.0), ("ours", 4.4))])
+    found = {item["target"]: item for item in report.targets(summary, accuracy, launch)}
+    assert found["launch->first step ours / torch DDP, mlp (launch-only rounds)"]["measured"] == pytest.approx(1.08)
+    assert found["launch->first step ours / torch DDP, mlp (launch-only rounds)"]["met"] is False  # > 1.05
+    assert found["launch->first step ours / torch DDP, cnn"]["met"] is True  # no launch-only rounds: the main runs
     assert found["ours / torch DDP, mlp (comm-bound)"]["met"] is True  # 1.20 >= 1.15
     assert found["ours bf16 / torch DDP, mlp"]["met"] is True
     assert found["ours / Lightning ddp, cnn"]["met"] is True
@@ -62,14 +73,15 @@ def test_report_ratios_targets_and_rendering(tmp_path: Path) -> None:
                                                                                                    "torch_ddp"])]}
     results = {"meta": {"command": "x", "started": "now", "load_before": [0.5], "load_after": [0.6], "cpu": "cpu",
                         "cores": 2, "torch": "2", "pytorch_lightning": "2", "python": "3.11", "cuda": None,
-                        "repeats": 3, "steps": {"mlp": [1, 2], "cnn": [1, 2]},
+                        "repeats": 3, "launch_repeats": 3, "steps": {"mlp": [1, 2], "cnn": [1, 2]},
                         "batch_per_rank": {"mlp": 32, "cnn": 32}},
-               "runs": runs, "summary": summary, "targets": list(found.values()), "accuracy": accuracy,
+               "runs": runs, "summary": summary, "targets": list(found.values()), "accuracy": accuracy, "launch": launch,
                "sweep": report.summarize_sweep(sweep)}
     markdown = report.render_markdown(results)
     assert "| mlp (comm-bound) | our Trainer + DDPStrategy | 121.2 (120.0–122.4) | **1.20×** (1.20–1.20) |" in markdown
     assert "| cnn (compute-bound) | 1 process, no DDP | failed |" in markdown
     assert "auto → 25.0" in markdown and "CUDA device: none" in markdown
+    assert "| mlp | our Trainer + DDPStrategy | 5.40 (4.40–6.40) | 1.080 (1.067–1.100) |" in markdown
     (tmp_path / "results.json").write_text(json.dumps(results))
     (tmp_path / "sweep.json").write_text(json.dumps(sweep))
     report.regenerate(tmp_path / "results.json", tmp_path / "section.md")
