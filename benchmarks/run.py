@@ -161,6 +161,8 @@ def launch_only(args: argparse.Namespace, contenders: tuple[str, ...] = ("torch_
                 run = run_contender(CONTENDERS[name], workload, 1, 1, args.timeout)
                 run["repeat"] = repeat
                 runs.append(run)
+                if "error" in run:
+                    _progress(run)
     for workload in args.workloads:
         print(f"  launch-only {workload}: " + ", ".join(
             f"{name} {report.median_of(runs, workload, name, 'launch_to_first_step_s'):.2f} s"
@@ -246,7 +248,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "batch_per_rank": {w: WORKLOADS[w].batch_size for w in args.workloads}}
     print(f"benchmark: {meta['command']}  (load {meta['load_before'][0]:.2f}, {meta['cores']} cores)", flush=True)
     results: dict[str, Any] = {"meta": meta, "runs": interleaved(args)}
-    if args.launch_repeats:
+    if args.launch_repeats and {"torch_ddp", "ours"} <= set(args.contenders):
         results["launch_runs"] = launch_only(args)
     if args.accuracy:
         results["accuracy"] = digits_accuracy()
@@ -257,7 +259,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         results["sweep"] = report.summarize_sweep(sweep)
     meta["load_after"] = os.getloadavg()
     results["summary"] = report.summarize(results["runs"])
-    if args.launch_repeats:
+    if "launch_runs" in results:
         results["launch"] = report.summarize(results["launch_runs"])
     results["targets"] = report.targets(results["summary"], results.get("accuracy"), results.get("launch"))
     (out / "results.json").write_text(json.dumps(results, indent=1))
