@@ -24,13 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import report
-from benchmarks.contenders import CONTENDERS, Contender
+from benchmarks.contenders import BASELINE, CONTENDERS, Contender
 from benchmarks.workloads import WORKLOADS
 
 RESULTS = Path(__file__).parent / "results"
 DOCS_RESULTS = Path(__file__).parents[1] / "docs" / "results.md"
 STEPS = {"mlp": (10, 40), "gpt": (5, 20), "cnn": (5, 20)}  # (warm-up, measured) per workload
 QUICK_STEPS = (1, 2)
+LAUNCH_PAIR = (BASELINE, "ours")  # the launch targets compare these two
 SWEEP_CAPS = ("1", "2", "4", "8", "16", "25", "64", "auto")
 
 
@@ -149,7 +150,7 @@ def _progress(run: dict[str, Any]) -> None:
           f"rss {run['peak_rss_mib']:6.0f} MiB  (load {os.getloadavg()[0]:.2f})", flush=True)
 
 
-def launch_only(args: argparse.Namespace, contenders: tuple[str, ...] = ("torch_ddp", "ours")) -> list[dict[str, Any]]:
+def launch_only(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Launch -> first step needs many repeats, not many steps: it varies ±20 % from run to run
     here (interpreter start and imports compete with whatever else the machine runs), so a
     launch target judged on the few throughput rounds is a coin toss. Each run here stops after
@@ -157,16 +158,12 @@ def launch_only(args: argparse.Namespace, contenders: tuple[str, ...] = ("torch_
     runs = []
     for repeat in range(args.launch_repeats):
         for workload in args.workloads:
-            for name in contenders if repeat % 2 == 0 else contenders[::-1]:
+            for name in LAUNCH_PAIR if repeat % 2 == 0 else LAUNCH_PAIR[::-1]:
                 run = run_contender(CONTENDERS[name], workload, 1, 1, args.timeout)
                 run["repeat"] = repeat
                 runs.append(run)
                 if "error" in run:
                     _progress(run)
-    for workload in args.workloads:
-        print(f"  launch-only {workload}: " + ", ".join(
-            f"{name} {report.median_of(runs, workload, name, 'launch_to_first_step_s'):.2f} s"
-            for name in contenders), flush=True)
     return runs
 
 
@@ -248,8 +245,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "batch_per_rank": {w: WORKLOADS[w].batch_size for w in args.workloads}}
     print(f"benchmark: {meta['command']}  (load {meta['load_before'][0]:.2f}, {meta['cores']} cores)", flush=True)
     results: dict[str, Any] = {"meta": meta, "runs": interleaved(args)}
-    if args.launch_repeats and {"torch_ddp", "ours"} <= set(args.contenders):
+    if args.launch_repeats and set(LAUNCH_PAIR) <= set(args.contenders):
         results["launch_runs"] = launch_only(args)
+        results["launch"] = report.summarize(results["launch_runs"])
+        print(report.render_launch(results), flush=True)
     if args.accuracy:
         results["accuracy"] = digits_accuracy()
     if args.sweep:
@@ -259,8 +258,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         results["sweep"] = report.summarize_sweep(sweep)
     meta["load_after"] = os.getloadavg()
     results["summary"] = report.summarize(results["runs"])
-    if "launch_runs" in results:
-        results["launch"] = report.summarize(results["launch_runs"])
     results["targets"] = report.targets(results["summary"], results.get("accuracy"), results.get("launch"))
     (out / "results.json").write_text(json.dumps(results, indent=1))
     (out / "results.md").write_text(report.render_markdown(results))
