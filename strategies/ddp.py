@@ -34,6 +34,7 @@ from strategies.sampler import distribute_dataloader
 if TYPE_CHECKING:
     from strategies.reducer import GradReducer
 
+START_METHODS = ("forkserver", "spawn")  # how local workers start (strategies/launcher.py)
 DEBUG_COLLECTIVES_VARIABLE = "DDP_TRAINER_DEBUG_COLLECTIVES"  # =1: debug_collectives for any run
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
                "min": dist.ReduceOp.MIN}
@@ -51,6 +52,8 @@ class DDPStrategy(Strategy):
     long before `timeout`; `debug_collectives=True` fingerprints every collective across ranks.
     `transport="auto"` sends CPU gradients between ranks of one host through shared memory
     (strategies/shm_transport.py), else through the process group; "process_group" forces the latter.
+    `start_method` starts local workers from a forkserver that imports torch once for all of them
+    ("forkserver", where the platform has it) or has each import it ("spawn").
     """
 
     def __init__(self, bucket_cap_mb: float | str = 25, first_bucket_cap_mb: float = 1,
@@ -59,7 +62,8 @@ class DDPStrategy(Strategy):
                  sync_batchnorm: bool = False, process_group_backend: str | None = None,
                  timeout: timedelta = timedelta(minutes=10), max_restarts: int = 0, accelerator: str = "auto",
                  checkpoint_io: CheckpointIO | None = None, stall_timeout: float | None = 25.0,
-                 debug_collectives: bool = False, transport: str = "auto") -> None:
+                 debug_collectives: bool = False, transport: str = "auto",
+                 start_method: str = "forkserver") -> None:
         super().__init__(accelerator=accelerator, checkpoint_io=checkpoint_io)
         options = ReducerOptions(bucket_cap_mb, first_bucket_cap_mb, gradient_as_bucket_view, comm_hook,
                                  find_unused_parameters, broadcast_buffers, transport)  # names a bad value's argument
@@ -74,6 +78,9 @@ class DDPStrategy(Strategy):
             raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}.")
         if accelerator not in ACCELERATORS:
             raise ValueError(f"accelerator={accelerator!r} is not supported; expected one of {ACCELERATORS}.")
+        if start_method not in START_METHODS:
+            raise ValueError(f"start_method={start_method!r} is not supported; expected one of {START_METHODS} "
+                             f"(not 'fork': a forked worker hangs in OpenMP once the parent has used it).")
         self.bucket_cap_mb: float | str = options.bucket_cap_mb
         self.first_bucket_cap_mb = float(options.first_bucket_cap_mb)
         self._tuned_bucket_cap_mb: float | None = None  # restored from a checkpoint before the reducer exists
@@ -83,7 +90,7 @@ class DDPStrategy(Strategy):
         self.timeout, self.max_restarts = timeout, max_restarts
         self.stall_timeout = None if stall_timeout is None else float(stall_timeout)
         self.debug_collectives = debug_collectives
-        self.transport = transport
+        self.transport, self.start_method = transport, start_method
         self._hang_guard: HangGuard | None = None
         self._environment: ClusterEnvironment | None = None
         self._reducer: GradReducer | None = None
@@ -139,7 +146,7 @@ class DDPStrategy(Strategy):
                              f"the built-in launcher starts processes on this machine only.")
         in_place = external or self.devices * self.num_nodes == 1
         return launcher.launch(self, fn, args, kwargs, nprocs=self.devices, in_place=in_place,
-                               max_restarts=self.max_restarts)
+                               max_restarts=self.max_restarts, start_method=self.start_method)
 
     @override
     def setup_environment(self) -> None:

@@ -5,6 +5,9 @@ Launch = wrap(setup ∘ work): each worker runs `strategy.setup_environment()`, 
 function and `strategy.teardown()`, under `@record` so elastic can report its traceback.
 Restarts default to 0: a restart would silently mask a crash. Elastic's agent stops every
 other worker as soon as one fails (SIGTERM, then SIGKILL), so nothing is left behind.
+
+Workers are forked from a forkserver started at the beginning of the launch (see
+`_worker_start_method`), or spawned where that is not possible or `start_method="spawn"`.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ if TYPE_CHECKING:
 
 SHUTDOWN_TIMEOUT_S = 5  # SIGTERM -> SIGKILL grace for the surviving workers after a failure
 _PORT_ATTEMPTS = 3  # rendezvous ports tried when the picked one was taken in between
+# What the forkserver imports once, so that every worker forked from it starts with them imported.
+_FORKSERVER_PRELOAD = ["torch", "strategies.launcher"]
 
 
 class WorkerFailedError(RuntimeError):
@@ -49,10 +54,11 @@ class WorkerFailedError(RuntimeError):
 
 
 def launch(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *,
-           nprocs: int, in_place: bool, max_restarts: int = 0) -> Any:
+           nprocs: int, in_place: bool, max_restarts: int = 0, start_method: str = "forkserver") -> Any:
     """Run `fn(*args, **kwargs)` on every rank and return global rank 0's result.
 
     `in_place` means this process already is a rank (torchrun/srun, or a world of one).
+    `start_method` is how local workers start: "forkserver" (where possible) or "spawn".
     """
     if in_place:
         strategy.setup_environment()
@@ -63,7 +69,8 @@ def launch(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...], kw
             raise
         _finish(strategy)
         return result
-    with tempfile.TemporaryDirectory(prefix="ddp-trainer-") as run_dir, _restored_process_state():
+    with (tempfile.TemporaryDirectory(prefix="ddp-trainer-") as run_dir, _restored_process_state(),
+          _worker_start_method(start_method) as method):
         failures_dir = Path(run_dir, "failures")
         failures_dir.mkdir()
         # The work (often a whole model and its data) goes through a file, not as a spawn argument:
@@ -72,7 +79,7 @@ def launch(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...], kw
         payload_path = Path(run_dir, "payload.pt")
         _serialize(strategy, fn, args, kwargs, payload_path)
         try:
-            results = _run_agent(nprocs, max_restarts, run_dir, str(payload_path), str(failures_dir))
+            results = _run_agent(nprocs, max_restarts, method, run_dir, str(payload_path), str(failures_dir))
         except ChildFailedError as error:
             raise _first_failure(error, failures_dir) from None
         except SignalException as error:  # elastic's handler turned a signal into this; workers are stopped
@@ -121,7 +128,7 @@ def _split_cpu_threads(local_world_size: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _run_agent(nprocs: int, max_restarts: int, run_dir: str, *worker_args: str) -> dict[int, Any]:
+def _run_agent(nprocs: int, max_restarts: int, start_method: str, run_dir: str, *worker_args: str) -> dict[int, Any]:
     """Run the workers under elastic's agent with a "static" rendezvous on a port picked here.
 
     Static, because one node has nothing to negotiate: the c10d handler's join protocol (a
@@ -133,7 +140,7 @@ def _run_agent(nprocs: int, max_restarts: int, run_dir: str, *worker_args: str) 
     from torch.distributed.launcher.api import elastic_launch  # heavy import, only when launching
 
     for attempt in range(1, _PORT_ATTEMPTS + 1):
-        config = _launch_config(nprocs, max_restarts, run_dir, _free_port())
+        config = _launch_config(nprocs, max_restarts, start_method, run_dir, _free_port())
         try:
             with _quiet_worker_tracebacks(enabled=max_restarts == 0):
                 results: dict[int, Any] = elastic_launch(config, _worker)(*worker_args)
@@ -159,20 +166,76 @@ def _quiet_worker_tracebacks(enabled: bool) -> Iterator[None]:
         logger.setLevel(previous)
 
 
+@contextlib.contextmanager
+def _worker_start_method(requested: str) -> Iterator[str]:
+    """Yield the multiprocessing start method of this launch's workers, and own its forkserver.
+
+    With spawn every worker imports torch itself (~1 s each, and two imports on two cores are
+    slower than one), and only after this process has written the payload and started the agent.
+    A forkserver started here imports torch once *while* this process does that work; each worker
+    is then forked from it with torch imported. The server is this launch's own and is stopped
+    after it: a worker inherits the server's environment and file descriptors, so a server that
+    outlived the launch would hand the next one a stale os.environ or stdout. For the same reason
+    a server someone else started is not borrowed: then, as where the platform has no forkserver,
+    workers are spawned. Plain fork is never used: a child forked from a process whose OpenMP pool
+    has run hangs in its first multi-threaded op.
+    """
+    server = _startable_forkserver() if requested == "forkserver" else None
+    if server is None:
+        yield "spawn"
+        return
+    from multiprocessing import forkserver
+
+    previous_preload = server._preload_modules
+    forkserver.set_forkserver_preload(_FORKSERVER_PRELOAD)
+    try:
+        forkserver.ensure_running()  # returns at once: the server imports in the background
+        yield "forkserver"
+    finally:
+        _stop_forkserver(server)
+        forkserver.set_forkserver_preload(previous_preload)
+
+
+def _startable_forkserver() -> Any | None:
+    """The stdlib's forkserver singleton when we can start (and later stop) a server of our own.
+
+    Its pid and `_stop` are private to CPython; if they are missing (another version) or a server
+    already runs, None, and the caller spawns instead.
+    """
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    layout_known = server is not None and hasattr(server, "_stop") and hasattr(server, "_preload_modules")
+    if "forkserver" not in multiprocessing.get_all_start_methods() or not layout_known:
+        return None
+    return server if getattr(server, "_forkserver_pid", 0) is None else None
+
+
+def _stop_forkserver(server: Any) -> None:
+    """Kill the server, then let the stdlib reap it. Its own `_stop` alone waits until every
+    process holding the server's "alive" pipe exits, which a stray grandchild could make forever."""
+    pid = server._forkserver_pid
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        server._stop()
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
-def _launch_config(nprocs: int, max_restarts: int, run_dir: str, port: int) -> Any:
+def _launch_config(nprocs: int, max_restarts: int, start_method: str, run_dir: str, port: int) -> Any:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig
 
     options: dict[str, Any] = dict(
         min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=uuid.uuid4().hex,
         rdzv_backend="static", rdzv_endpoint=f"127.0.0.1:{port}", rdzv_configs={"rank": 0},
-        local_addr="127.0.0.1", max_restarts=max_restarts, monitor_interval=0.05, start_method="spawn",
+        local_addr="127.0.0.1", max_restarts=max_restarts, monitor_interval=0.05, start_method=start_method,
         logs_specs=DefaultLogsSpecs(log_dir=str(Path(run_dir, "logs"))), shutdown_timeout=SHUTDOWN_TIMEOUT_S)
     supported = LaunchConfig.__dataclass_fields__  # shutdown_timeout is recent; older torch lacks it
     return LaunchConfig(**{key: value for key, value in options.items() if key in supported})

@@ -96,6 +96,7 @@ class DDPStrategyConfig:
     stall_timeout: Optional[float] = 25.0
     debug_collectives: bool = False
     transport: str = "auto"
+    start_method: str = "forkserver"
 
 
 @dataclass

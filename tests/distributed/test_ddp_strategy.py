@@ -92,3 +92,20 @@ def test_workers_that_return_at_once_still_finish_cleanly() -> None:
     # connecting (gloo "Connection closed by peer"); init and teardown now meet at barriers.
     strategy = _strategy()
     assert [strategy.launch(ddp_workers.return_rank, strategy) for _ in range(2)] == [0, 0]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_workers_see_the_environment_of_the_launch_and_leave_no_server_behind(
+        start_method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from multiprocessing import forkserver
+
+    strategy = _strategy(start_method=start_method)
+    for value in ("first", "second"):  # a server kept from the first launch would hand out "first" again
+        monkeypatch.setenv("DDP_TRAINER_TEST_VARIABLE", value)
+        ranks = strategy.launch(ddp_workers.start_facts, strategy, "DDP_TRAINER_TEST_VARIABLE")
+        assert [rank["variable"] for rank in ranks] == [value, value]
+        parents = {rank["ppid"] for rank in ranks}
+        # forkserver: both forked from the launch's server, not from this process; spawn: from this one
+        assert (parents == {os.getpid()}) == (start_method == "spawn") and len(parents) == 1
+    assert forkserver._forkserver._forkserver_pid is None  # each launch's server is gone with it

@@ -152,6 +152,11 @@ def sigkill_rank_one(strategy: DDPStrategy, pid_dir: str) -> None:
     time.sleep(60)  # rank 0 idles: the launcher must stop it
 
 
+def start_facts(strategy: DDPStrategy, variable: str) -> list[Any]:
+    """Every rank's parent pid (who started it) and its view of `variable` in os.environ."""
+    return gather_all(strategy, {"ppid": os.getppid(), "variable": os.environ.get(variable)})
+
+
 def return_rank(strategy: DDPStrategy) -> int:
     return strategy.global_rank
 

@@ -42,6 +42,7 @@ def no_launcher_env(monkeypatch: pytest.MonkeyPatch) -> None:
     ({"timeout": timedelta(0)}, ValueError, "timeout"),
     ({"max_restarts": -1}, ValueError, "max_restarts"),
     ({"accelerator": "tpu"}, ValueError, "accelerator"),
+    ({"start_method": "fork"}, ValueError, "start_method"),
 ])
 def test_constructor_names_the_bad_argument(kwargs: dict[str, Any], error: type[Exception], names: str) -> None:
     with pytest.raises(error, match=names):

@@ -1,9 +1,11 @@
-"""Launch-cost fixes in strategies/launcher.py, checked without starting processes: the work
-travels as a file (not through spawn's pipe), and the static rendezvous retries a taken port."""
+"""Launch-cost fixes in strategies/launcher.py, checked without starting workers: the work
+travels as a file (not through spawn's pipe), the static rendezvous retries a taken port, and
+workers start from a forkserver owned by the launch."""
 
 from __future__ import annotations
 
 import pickle
+from multiprocessing import forkserver
 from typing import Any
 
 import pytest
@@ -54,6 +56,19 @@ def test_work_travels_as_a_file_and_loads_as_private_tensors(monkeypatch: pytest
     assert torch.equal(args[0], torch.arange(4.0)) and not args[0].is_shared()
     config = fake.configs[0]
     assert config.rdzv_backend == "static" and not config.rdzv_endpoint.endswith(":0")
+    assert config.start_method == "forkserver" and forkserver._forkserver._forkserver_pid is None  # stopped
+
+
+def test_a_forkserver_someone_else_started_is_not_borrowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its workers would inherit that server's (older) environment and stdout: spawn instead.
+    forkserver.ensure_running()
+    theirs = forkserver._forkserver._forkserver_pid
+    try:
+        result, fake = _launch(monkeypatch, [])
+        assert result == 7 and fake.configs[0].start_method == "spawn"
+        assert forkserver._forkserver._forkserver_pid == theirs  # left running for its owner
+    finally:
+        forkserver._forkserver._stop()
 
 
 def test_a_taken_rendezvous_port_is_retried_on_another(monkeypatch: pytest.MonkeyPatch) -> None:
