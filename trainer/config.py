@@ -19,6 +19,7 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from strategies.ddp import START_METHODS
 from strategies.environment import LocalEnvironment, SLURMEnvironment, TorchElasticEnvironment
 from strategies.shm_transport import TRANSPORTS
 
@@ -312,6 +313,8 @@ def _check_strategy(strategy: Any, trainer: DictConfig) -> None:
         _check_one_of(strategy, "process_group_backend", (None, "gloo", "nccl", "mpi", "ucc"), prefix="strategy.")
     if "transport" in strategy:
         _check_one_of(strategy, "transport", TRANSPORTS, prefix="strategy.")
+    if "start_method" in strategy:
+        _check_one_of(strategy, "start_method", START_METHODS, prefix="strategy.")
     for key in ("bucket_cap_mb", "first_bucket_cap_mb"):
         value = strategy.get(key)
         if key not in strategy or (key == "bucket_cap_mb" and value == "auto"):

@@ -123,6 +123,7 @@ def test_group_list_choice_and_data_errors_are_one_line(hydra_context: None) -> 
     (["strategy=single"], "trainer.devices=2 (x num_nodes=1) must be 1 with strategy=single"),
     (["strategy.comm_hook=fp8"], "strategy.comm_hook='fp8' is not one of [None, 'fp16', 'bf16']"),
     (["strategy.transport=tcp"], "strategy.transport='tcp' is not one of ['auto', 'shared_memory', 'process_group']"),
+    (["strategy.start_method=fork"], "strategy.start_method='fork' is not one of ['forkserver', 'spawn']"),
     (["strategy.bucket_cap_mb=big"], "strategy.bucket_cap_mb='big' must be a number of MiB > 0 or 'auto'"),
     (["strategy.bucket_cap_mb=0"], "strategy.bucket_cap_mb=0 must be a number of MiB > 0 or 'auto'"),
     (["seed=-1"], "seed=-1 must be an int >= 0"),
