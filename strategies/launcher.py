@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 SHUTDOWN_TIMEOUT_S = 5  # SIGTERM -> SIGKILL grace for the surviving workers after a failure
 _PORT_ATTEMPTS = 3  # rendezvous ports tried when the picked one was taken in between
 # What the forkserver imports once, so that every worker forked from it starts with them imported.
+# Nothing that creates per-process state a fork would share: numpy's global generator, for one, is
+# made (from fresh entropy) when `numpy.random` is first imported, which happens in each worker.
 _FORKSERVER_PRELOAD = ["torch", "strategies.launcher"]
 
 
@@ -92,6 +94,7 @@ def launch(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...], kw
 @record
 def _worker(payload_path: str, failures_dir: str) -> bytes | None:
     """Entry point of every spawned worker (module level, so `spawn` can import it)."""
+    _handle_stop_signals_as_spawned()
     os.environ[LOCAL_LAUNCH_MARKER] = "1"
     os.environ[FAILURES_DIR_VARIABLE] = failures_dir  # the hang guard stamps its verdict there too
     # A rank killed by a C++ abort (gloo on mismatched collectives) leaves its Python stack here.
@@ -108,6 +111,21 @@ def _worker(payload_path: str, failures_dir: str) -> bytes | None:
         # that this exit causes come later, so the earliest stamp is the root cause.
         write_failure_stamp(Path(failures_dir), traceback.format_exc())
         raise
+
+
+def _handle_stop_signals_as_spawned() -> None:
+    """Take the stop-signal handlers a spawned worker has, whatever the forkserver passed on.
+
+    Elastic stops workers with the signal it received. A spawned worker starts after the agent has
+    installed its handlers, so exec resets them: SIGTERM, SIGHUP and SIGQUIT kill it, SIGINT raises
+    KeyboardInterrupt. A worker forked from the forkserver inherits what the launching process had
+    when the server started, before the agent: under a background job that is SIGINT and SIGQUIT
+    ignored, and the worker would sit out the shutdown grace period until SIGKILL.
+    """
+    for name in ("SIGTERM", "SIGHUP", "SIGQUIT"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _finish(strategy: Strategy) -> None:
@@ -178,7 +196,8 @@ def _worker_start_method(requested: str) -> Iterator[str]:
     outlived the launch would hand the next one a stale os.environ or stdout. For the same reason
     a server someone else started is not borrowed: then, as where the platform has no forkserver,
     workers are spawned. Plain fork is never used: a child forked from a process whose OpenMP pool
-    has run hangs in its first multi-threaded op.
+    has run hangs in its first multi-threaded op. Forked workers share the server's string-hash
+    seed, where spawned ones draw one each; nothing of ours depends on either.
     """
     server = _startable_forkserver() if requested == "forkserver" else None
     if server is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -109,3 +110,28 @@ def test_workers_see_the_environment_of_the_launch_and_leave_no_server_behind(
         # forkserver: both forked from the launch's server, not from this process; spawn: from this one
         assert (parents == {os.getpid()}) == (start_method == "spawn") and len(parents) == 1
     assert forkserver._forkserver._forkserver_pid is None  # each launch's server is gone with it
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_workers_stop_on_elastics_signals_even_when_the_launcher_ignores_them(start_method: str) -> None:
+    # Elastic stops the workers with the signal it received; a worker that inherited an ignored
+    # SIGINT (the launcher ran as a background job) would sit out the grace period until SIGKILL.
+    strategy = _strategy(start_method=start_method)
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGQUIT)}
+    try:
+        ranks = strategy.launch(ddp_workers.stop_signal_handlers, strategy)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    expected = {"SIGINT": "KeyboardInterrupt", "SIGTERM": "default", "SIGHUP": "default", "SIGQUIT": "default"}
+    assert ranks == [expected, expected]
+
+
+@pytest.mark.timeout(120)
+def test_forked_workers_do_not_share_numpys_random_stream() -> None:
+    # Spawned workers seed numpy from fresh entropy each. Forked ones would all inherit the server's
+    # generator if its preload imported `numpy.random`; it must not.
+    strategy = _strategy(start_method="forkserver")
+    draws = strategy.launch(ddp_workers.unseeded_numpy_draw, strategy)
+    assert len(set(draws)) == 2

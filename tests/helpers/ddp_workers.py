@@ -157,6 +157,21 @@ def start_facts(strategy: DDPStrategy, variable: str) -> list[Any]:
     return gather_all(strategy, {"ppid": os.getppid(), "variable": os.environ.get(variable)})
 
 
+def stop_signal_handlers(strategy: DDPStrategy) -> list[Any]:
+    """Every rank's handler for the signals torch elastic stops workers with, by name."""
+    names = {signal.SIG_DFL: "default", signal.SIG_IGN: "ignored", signal.default_int_handler: "KeyboardInterrupt"}
+    mine = {sig.name: names.get(signal.getsignal(sig), "other")
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)}
+    return gather_all(strategy, mine)
+
+
+def unseeded_numpy_draw(strategy: DDPStrategy) -> list[Any]:
+    """Every rank's first draw from numpy's global generator, which nobody seeded."""
+    import numpy
+
+    return gather_all(strategy, float(numpy.random.rand()))
+
+
 def return_rank(strategy: DDPStrategy) -> int:
     return strategy.global_rank
 
