@@ -20,7 +20,9 @@ import os
 import pickle
 import signal
 import socket
+import sys
 import tempfile
+import threading
 import traceback
 import uuid
 from collections.abc import Callable, Iterator
@@ -41,9 +43,17 @@ if TYPE_CHECKING:
 SHUTDOWN_TIMEOUT_S = 5  # SIGTERM -> SIGKILL grace for the surviving workers after a failure
 _PORT_ATTEMPTS = 3  # rendezvous ports tried when the picked one was taken in between
 # What the forkserver imports once, so that every worker forked from it starts with them imported.
-# Nothing that creates per-process state a fork would share: numpy's global generator, for one, is
-# made (from fresh entropy) when `numpy.random` is first imported, which happens in each worker.
-_FORKSERVER_PRELOAD = ["torch", "strategies.launcher"]
+# Installed packages only: before Python 3.12.8 the server ignores the launcher's sys.path, so a
+# name the user's working directory also has (a folder "strategies") would load the wrong module.
+# Nothing that creates per-process state a fork would share: numpy >= 2 makes its global generator
+# (from fresh entropy) when `numpy.random` is first imported, which happens in each worker.
+_FORKSERVER_PRELOAD = ["torch", "torch.distributed.elastic.multiprocessing"]
+# The forkserver passes at most 255 descriptors to a child, and elastic hands every worker two per
+# local rank (the result queues): beyond this many local workers, spawn.
+_MOST_FORKED_WORKERS = 64
+# The signals torch elastic handles in the launching process and stops its workers with.
+_STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+                      if hasattr(signal, name))
 
 
 class WorkerFailedError(RuntimeError):
@@ -72,7 +82,7 @@ def launch(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...], kw
         _finish(strategy)
         return result
     with (tempfile.TemporaryDirectory(prefix="ddp-trainer-") as run_dir, _restored_process_state(),
-          _worker_start_method(start_method) as method):
+          _worker_start_method(start_method, nprocs) as method):
         failures_dir = Path(run_dir, "failures")
         failures_dir.mkdir()
         # The work (often a whole model and its data) goes through a file, not as a spawn argument:
@@ -81,7 +91,8 @@ def launch(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...], kw
         payload_path = Path(run_dir, "payload.pt")
         _serialize(strategy, fn, args, kwargs, payload_path)
         try:
-            results = _run_agent(nprocs, max_restarts, method, run_dir, str(payload_path), str(failures_dir))
+            results = _run_agent(nprocs, max_restarts, method, run_dir, str(payload_path), str(failures_dir),
+                                 method)
         except ChildFailedError as error:
             raise _first_failure(error, failures_dir) from None
         except SignalException as error:  # elastic's handler turned a signal into this; workers are stopped
@@ -92,9 +103,10 @@ def launch(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...], kw
 
 
 @record
-def _worker(payload_path: str, failures_dir: str) -> bytes | None:
-    """Entry point of every spawned worker (module level, so `spawn` can import it)."""
-    _handle_stop_signals_as_spawned()
+def _worker(payload_path: str, failures_dir: str, start_method: str) -> bytes | None:
+    """Entry point of every worker (module level, so a new process can import it by name)."""
+    if start_method == "forkserver":
+        _behave_as_spawned()
     os.environ[LOCAL_LAUNCH_MARKER] = "1"
     os.environ[FAILURES_DIR_VARIABLE] = failures_dir  # the hang guard stamps its verdict there too
     # A rank killed by a C++ abort (gloo on mismatched collectives) leaves its Python stack here.
@@ -113,19 +125,37 @@ def _worker(payload_path: str, failures_dir: str) -> bytes | None:
         raise
 
 
-def _handle_stop_signals_as_spawned() -> None:
-    """Take the stop-signal handlers a spawned worker has, whatever the forkserver passed on.
+def _behave_as_spawned() -> None:
+    """Make a worker forked from the forkserver stop as a spawned one does.
 
-    Elastic stops workers with the signal it received. A spawned worker starts after the agent has
-    installed its handlers, so exec resets them: SIGTERM, SIGHUP and SIGQUIT kill it, SIGINT raises
-    KeyboardInterrupt. A worker forked from the forkserver inherits what the launching process had
-    when the server started, before the agent: under a background job that is SIGINT and SIGQUIT
-    ignored, and the worker would sit out the shutdown grace period until SIGKILL.
+    A spawned worker starts after the agent has installed its signal handlers, which exec resets:
+    elastic's stop signals kill it (SIGINT raises KeyboardInterrupt), and torch's spawn wrapper sets
+    SIGINT as its parent-death signal, so it also stops when the launching process is killed. A
+    forked worker's parent is the server instead, which outlives a killed launcher, and it inherits
+    the signal handlers the launching process had when the server started: under a background job,
+    SIGINT and SIGQUIT ignored, so elastic's shutdown would wait out its grace period and SIGKILL.
+    Only ignored signals are reset: a handler the user's script installed at import stays.
     """
-    for name in ("SIGTERM", "SIGHUP", "SIGQUIT"):
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig in _STOP_SIGNALS:
+        if signal.getsignal(sig) == signal.SIG_IGN:
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+    _interrupt_when_the_launcher_dies()
+
+
+def _interrupt_when_the_launcher_dies() -> None:
+    """SIGINT this worker once the launching process is gone (its end of a pipe closes)."""
+    import multiprocessing
+    from multiprocessing.connection import wait
+
+    launcher = multiprocessing.parent_process()
+    if launcher is None:
+        return
+
+    def watch() -> None:
+        wait([launcher.sentinel])
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=watch, name="ddp-trainer-launcher-watch", daemon=True).start()
 
 
 def _finish(strategy: Strategy) -> None:
@@ -185,7 +215,7 @@ def _quiet_worker_tracebacks(enabled: bool) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _worker_start_method(requested: str) -> Iterator[str]:
+def _worker_start_method(requested: str, nprocs: int) -> Iterator[str]:
     """Yield the multiprocessing start method of this launch's workers, and own its forkserver.
 
     With spawn every worker imports torch itself (~1 s each, and two imports on two cores are
@@ -196,10 +226,14 @@ def _worker_start_method(requested: str) -> Iterator[str]:
     outlived the launch would hand the next one a stale os.environ or stdout. For the same reason
     a server someone else started is not borrowed: then, as where the platform has no forkserver,
     workers are spawned. Plain fork is never used: a child forked from a process whose OpenMP pool
-    has run hangs in its first multi-threaded op. Forked workers share the server's string-hash
-    seed, where spawned ones draw one each; nothing of ours depends on either.
+    has run hangs in its first multi-threaded op. What a forked worker would otherwise inherit
+    differently is handled in `_behave_as_spawned` (signals, the launcher's death) and
+    `_forking_is_safe` (numpy's generator). Two differences remain: forked workers share the
+    server's string-hash seed, where spawned ones draw one each, and multiprocessing ends them with
+    `os._exit`, so `atexit` hooks registered inside a worker do not run (the hang guard's one only
+    protects interpreter finalization, which `os._exit` skips).
     """
-    server = _startable_forkserver() if requested == "forkserver" else None
+    server = _startable_forkserver() if requested == "forkserver" and _forking_is_safe(nprocs) else None
     if server is None:
         yield "spawn"
         return
@@ -211,8 +245,19 @@ def _worker_start_method(requested: str) -> Iterator[str]:
         forkserver.ensure_running()  # returns at once: the server imports in the background
         yield "forkserver"
     finally:
-        _stop_forkserver(server)
-        forkserver.set_forkserver_preload(previous_preload)
+        try:
+            _stop_forkserver(server)
+        finally:
+            forkserver.set_forkserver_preload(previous_preload)
+
+
+def _forking_is_safe(nprocs: int) -> bool:
+    """Whether workers forked from one server would still be as independent as spawned ones:
+    numpy < 2 imports `numpy.random` with numpy, which would give every rank the server's global
+    generator, and more workers than the server can pass descriptors to would fail to start."""
+    numpy = sys.modules.get("numpy")
+    old_numpy = numpy is not None and int(str(getattr(numpy, "__version__", "2")).split(".")[0]) < 2
+    return not old_numpy and nprocs <= _MOST_FORKED_WORKERS
 
 
 def _startable_forkserver() -> Any | None:
@@ -238,7 +283,10 @@ def _stop_forkserver(server: Any) -> None:
     if pid is not None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        server._stop()
+        try:
+            server._stop()
+        except ChildProcessError:  # reaped already (the caller ignores SIGCHLD): forget it as _stop would
+            server._forkserver_pid = server._forkserver_address = None
 
 
 def _free_port() -> int:
@@ -337,7 +385,7 @@ def _deserialize(path: str) -> tuple[Strategy, Callable[..., Any], tuple[Any, ..
 def _restored_process_state() -> Iterator[None]:
     """Elastic installs signal handlers and sets an env variable in the launching process; put
     both back so a launch leaves the caller (a notebook, a test run) as it found it."""
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
+    handlers = {sig: signal.getsignal(sig) for sig in _STOP_SIGNALS}
     saved_env = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE")
     try:
         yield

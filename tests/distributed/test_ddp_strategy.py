@@ -125,7 +125,8 @@ def test_workers_stop_on_elastics_signals_even_when_the_launcher_ignores_them(st
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     expected = {"SIGINT": "KeyboardInterrupt", "SIGTERM": "default", "SIGHUP": "default", "SIGQUIT": "default"}
-    assert ranks == [expected, expected]
+    assert [{k: v for k, v in rank.items() if k != "ppid"} for rank in ranks] == [expected, expected]
+    assert ({rank["ppid"] for rank in ranks} == {os.getpid()}) == (start_method == "spawn")
 
 
 @pytest.mark.timeout(120)
@@ -133,5 +134,6 @@ def test_forked_workers_do_not_share_numpys_random_stream() -> None:
     # Spawned workers seed numpy from fresh entropy each. Forked ones would all inherit the server's
     # generator if its preload imported `numpy.random`; it must not.
     strategy = _strategy(start_method="forkserver")
-    draws = strategy.launch(ddp_workers.unseeded_numpy_draw, strategy)
-    assert len(set(draws)) == 2
+    ranks = strategy.launch(ddp_workers.unseeded_numpy_draw, strategy)
+    assert os.getpid() not in {rank["ppid"] for rank in ranks}  # forked, not spawned
+    assert len({rank["draw"] for rank in ranks}) == 2

@@ -100,3 +100,46 @@ def test_killed_rank_ends_the_job_nonzero_and_leaves_no_process(tmp_path: Path) 
     assert not [line for line in done.stderr.splitlines() if re.match(r"E\d{4} ", line)], done.stderr
     pids = _worker_pids(pid_dir)
     assert len(pids) == 2 and not [pid for pid in pids if _alive(pid)]
+
+
+LAUNCHER = textwrap.dedent("""
+    import sys
+    from strategies import DDPStrategy
+    from tests.helpers import ddp_workers
+
+    if __name__ == "__main__":
+        strategy = DDPStrategy(start_method=sys.argv[2])
+        strategy.configure(accelerator="cpu", devices=2)
+        strategy.launch(ddp_workers.record_pid_and_sleep, strategy, sys.argv[1])
+""")
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_workers_stop_when_their_launcher_is_killed(tmp_path: Path, start_method: str) -> None:
+    # A forked worker's parent is the forkserver, which outlives a SIGKILLed launcher; the workers
+    # must stop anyway, as spawned ones do through their parent-death signal.
+    script = tmp_path / "launcher.py"
+    script.write_text(LAUNCHER)
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    launcher = subprocess.Popen([sys.executable, str(script), str(pid_dir), start_method], cwd=REPO, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(pid_dir.glob("*.pid"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        pids = _worker_pids(pid_dir)
+        assert len(pids) == 2, "the workers never started"
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + PROMPT_S
+        while [pid for pid in pids if _alive(pid)] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [pid for pid in pids if _alive(pid)]
+    finally:
+        launcher.kill()
+        for pid in _worker_pids(pid_dir):
+            if _alive(pid):
+                os.kill(pid, 9)

@@ -152,6 +152,11 @@ def sigkill_rank_one(strategy: DDPStrategy, pid_dir: str) -> None:
     time.sleep(60)  # rank 0 idles: the launcher must stop it
 
 
+def record_pid_and_sleep(strategy: DDPStrategy, pid_dir: str) -> None:
+    Path(pid_dir, f"{strategy.global_rank}.pid").write_text(str(os.getpid()))
+    time.sleep(60)  # only a stop from outside ends this in time
+
+
 def start_facts(strategy: DDPStrategy, variable: str) -> list[Any]:
     """Every rank's parent pid (who started it) and its view of `variable` in os.environ."""
     return gather_all(strategy, {"ppid": os.getppid(), "variable": os.environ.get(variable)})
@@ -160,8 +165,9 @@ def start_facts(strategy: DDPStrategy, variable: str) -> list[Any]:
 def stop_signal_handlers(strategy: DDPStrategy) -> list[Any]:
     """Every rank's handler for the signals torch elastic stops workers with, by name."""
     names = {signal.SIG_DFL: "default", signal.SIG_IGN: "ignored", signal.default_int_handler: "KeyboardInterrupt"}
-    mine = {sig.name: names.get(signal.getsignal(sig), "other")
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)}
+    mine: dict[str, Any] = {sig.name: names.get(signal.getsignal(sig), "other")
+                            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)}
+    mine["ppid"] = os.getppid()
     return gather_all(strategy, mine)
 
 
@@ -169,7 +175,7 @@ def unseeded_numpy_draw(strategy: DDPStrategy) -> list[Any]:
     """Every rank's first draw from numpy's global generator, which nobody seeded."""
     import numpy
 
-    return gather_all(strategy, float(numpy.random.rand()))
+    return gather_all(strategy, {"draw": float(numpy.random.rand()), "ppid": os.getppid()})
 
 
 def return_rank(strategy: DDPStrategy) -> int:

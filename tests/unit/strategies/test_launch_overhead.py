@@ -5,6 +5,7 @@ workers start from a forkserver owned by the launch."""
 from __future__ import annotations
 
 import pickle
+import sys
 from multiprocessing import forkserver
 from typing import Any
 
@@ -29,7 +30,7 @@ class _FakeElastic:
     def __call__(self, config: Any, entry: Any) -> Any:
         self.configs.append(config)
 
-        def run(payload_path: str, failures_dir: str) -> dict[int, bytes]:
+        def run(payload_path: str, failures_dir: str, start_method: str) -> dict[int, bytes]:
             if self.failures:
                 raise self.failures.pop(0)
             self.loaded.append(launcher._deserialize(payload_path))
@@ -57,6 +58,17 @@ def test_work_travels_as_a_file_and_loads_as_private_tensors(monkeypatch: pytest
     config = fake.configs[0]
     assert config.rdzv_backend == "static" and not config.rdzv_endpoint.endswith(":0")
     assert config.start_method == "forkserver" and forkserver._forkserver._forkserver_pid is None  # stopped
+
+
+@pytest.mark.parametrize("reason", ["numpy 1", "too many workers"])
+def test_workers_are_spawned_where_forking_them_is_not_safe(reason: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # numpy 1 imports numpy.random with numpy: forked ranks would share one global generator.
+    if reason == "numpy 1":
+        monkeypatch.setattr(sys.modules["numpy"], "__version__", "1.26.4")
+    else:
+        monkeypatch.setattr(launcher, "_MOST_FORKED_WORKERS", 1)
+    result, fake = _launch(monkeypatch, [])
+    assert result == 7 and fake.configs[0].start_method == "spawn"
 
 
 def test_a_forkserver_someone_else_started_is_not_borrowed(monkeypatch: pytest.MonkeyPatch) -> None:
