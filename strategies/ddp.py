@@ -79,8 +79,8 @@ class DDPStrategy(Strategy):
         if accelerator not in ACCELERATORS:
             raise ValueError(f"accelerator={accelerator!r} is not supported; expected one of {ACCELERATORS}.")
         if start_method not in START_METHODS:
-            why_not_fork = " ('fork' is not offered: a forked worker hangs in OpenMP once the launching " \
-                           "process has used it)" if start_method == "fork" else ""
+            why_not_fork = (" ('fork' is not offered: a forked worker hangs in OpenMP once the launching "
+                            "process has used it)") if start_method == "fork" else ""
             raise ValueError(f"start_method={start_method!r} is not supported; expected one of "
                              f"{START_METHODS}{why_not_fork}.")
         self.bucket_cap_mb: float | str = options.bucket_cap_mb

@@ -16,6 +16,7 @@ import contextlib
 import faulthandler
 import json
 import logging
+import multiprocessing
 import os
 import pickle
 import signal
@@ -26,6 +27,8 @@ import threading
 import traceback
 import uuid
 from collections.abc import Callable, Iterator
+from multiprocessing import forkserver
+from multiprocessing.connection import wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -91,8 +94,7 @@ def launch(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...], kw
         payload_path = Path(run_dir, "payload.pt")
         _serialize(strategy, fn, args, kwargs, payload_path)
         try:
-            results = _run_agent(nprocs, max_restarts, method, run_dir, str(payload_path), str(failures_dir),
-                                 method)
+            results = _run_agent(nprocs, max_restarts, method, run_dir, str(payload_path), str(failures_dir))
         except ChildFailedError as error:
             raise _first_failure(error, failures_dir) from None
         except SignalException as error:  # elastic's handler turned a signal into this; workers are stopped
@@ -144,9 +146,6 @@ def _behave_as_spawned() -> None:
 
 def _interrupt_when_the_launcher_dies() -> None:
     """SIGINT this worker once the launching process is gone (its end of a pipe closes)."""
-    import multiprocessing
-    from multiprocessing.connection import wait
-
     launcher = multiprocessing.parent_process()
     if launcher is None:
         return
@@ -191,7 +190,7 @@ def _run_agent(nprocs: int, max_restarts: int, start_method: str, run_dir: str, 
         config = _launch_config(nprocs, max_restarts, start_method, run_dir, _free_port())
         try:
             with _quiet_worker_tracebacks(enabled=max_restarts == 0):
-                results: dict[int, Any] = elastic_launch(config, _worker)(*worker_args)
+                results: dict[int, Any] = elastic_launch(config, _worker)(*worker_args, start_method)
             return results
         except DistNetworkError as error:
             if "EADDRINUSE" not in str(error) or attempt == _PORT_ATTEMPTS:
@@ -237,8 +236,6 @@ def _worker_start_method(requested: str, nprocs: int) -> Iterator[str]:
     if server is None:
         yield "spawn"
         return
-    from multiprocessing import forkserver
-
     previous_preload = server._preload_modules
     forkserver.set_forkserver_preload(_FORKSERVER_PRELOAD)
     try:
@@ -266,9 +263,6 @@ def _startable_forkserver() -> Any | None:
     Its pid and `_stop` are private to CPython; if they are missing (another version) or a server
     already runs, None, and the caller spawns instead.
     """
-    import multiprocessing
-    from multiprocessing import forkserver
-
     server = getattr(forkserver, "_forkserver", None)
     layout_known = server is not None and hasattr(server, "_stop") and hasattr(server, "_preload_modules")
     if "forkserver" not in multiprocessing.get_all_start_methods() or not layout_known:
