@@ -33,7 +33,7 @@ def build_checkpoint(trainer: Any, module: Any, weights_only: bool = False) -> d
             precision=trainer.precision_plugin.state_dict(),
             callbacks=trainer.callback_list.state_dict(),
             metrics=trainer.metric_store.state_dict(),
-            rng_states=gather_rng_states(trainer.strategy.all_gather),
+            rng_states=gather_rng_states(trainer.strategy.all_gather, trainer.strategy.root_device.type),
         )
         datamodule = trainer.datamodule
         if datamodule is not None and hasattr(datamodule, "state_dict"):

@@ -209,8 +209,10 @@ class MetricStore:
             self._publish(entry, entry.keys()[1], value, to_logger=True)
 
     def _plain_epoch_values(self, entries: list[_Entry]) -> list[torch.Tensor]:
-        """Epoch values of self.log'd numbers; the sync_dist ones reduced in one collective."""
-        totals = [_accumulated(entry) for entry in entries]
+        """Epoch values of self.log'd numbers; the sync_dist ones reduced in one collective.
+        Totals accumulate where they were logged (on the GPU, no sync per step) and come to the
+        CPU here, once an epoch, next to the CPU batch-size weights they are stacked with."""
+        totals = [_f64(_accumulated(entry)) for entry in entries]
         requests: list[_Request] = []
         for entry, total in zip(entries, totals):
             if entry.sync_dist:

@@ -28,30 +28,31 @@ def seed_everything(seed: int | None = None, workers: bool = False) -> int:
     return seed
 
 
-def rng_states() -> dict[str, object]:
-    """Every RNG state of this process, in checkpoint-safe (weights_only) form."""
+def rng_states(device_type: str = "cpu") -> dict[str, object]:
+    """Every RNG state of this process, in checkpoint-safe (weights_only) form; on "cuda" also
+    the generator of this process's own GPU (one device per process: the current one)."""
     states: dict[str, object] = {
         "torch": torch.get_rng_state(),
         "python": _python_state_to_tensor(random.getstate()),
         "numpy": torch.from_numpy(np.random.get_state()[1].astype(np.int64)),
         "numpy_pos": int(np.random.get_state()[2]),
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        states["cuda"] = torch.cuda.get_rng_state_all()
+    if device_type == "cuda":
+        states["cuda"] = torch.cuda.get_rng_state()
     return states
 
 
-def gather_rng_states(all_gather: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, object]:
+def gather_rng_states(all_gather: Callable[[torch.Tensor], torch.Tensor],
+                      device_type: str = "cpu") -> dict[str, object]:
     """Every rank's RNG states, stacked along a leading rank dimension (a collective: all
-    ranks call it). Resuming then gives each rank its own stream back, as if never stopped."""
-    own = rng_states()
+    ranks call it). Resuming then gives each rank its own stream back, as if never stopped:
+    on GPUs too, where each rank's dropout draws from its own device's generator."""
+    own = rng_states(device_type)
     gathered: dict[str, object] = {"per_rank": True, "numpy_pos": all_gather(torch.tensor([own["numpy_pos"]]))}
-    for key in ("torch", "python", "numpy"):
+    for key in ("torch", "python", "numpy", *(("cuda",) if "cuda" in own else ())):
         tensor = own[key]
         assert isinstance(tensor, torch.Tensor)
         gathered[key] = all_gather(tensor.to(torch.int64)).cpu()
-    if "cuda" in own:
-        gathered["cuda"] = own["cuda"]  # per device already; each rank restores its own device
     return gathered
 
 
@@ -68,20 +69,38 @@ def restore_rank_rng_states(states: dict[str, object], rank: int) -> None:
         "python": states["python"][index],  # type: ignore[index]
         "numpy": states["numpy"][index],  # type: ignore[index]
         "numpy_pos": int(states["numpy_pos"][index]),  # type: ignore[index]
-        **({"cuda": states["cuda"]} if "cuda" in states else {}),
+        **({"cuda": _own_cuda_state(states["cuda"], index)} if "cuda" in states else {}),
     })
 
 
+def _own_cuda_state(cuda: object, index: int) -> object:
+    """This rank's row of the stacked CUDA states; checkpoints written before those were
+    gathered hold rank 0's list of every device's state, which is restored as it is."""
+    return cuda[index] if isinstance(cuda, torch.Tensor) else cuda  # type: ignore[index]
+
+
 def restore_rng_states(states: dict[str, object]) -> None:
+    """States may arrive on the GPU (a checkpoint is loaded onto the rank's device); the
+    generators take CPU byte tensors. A GPU run's CUDA state is restored only into a run that
+    uses CUDA itself, so resuming on the CPU never creates a CUDA context."""
     if "torch" in states:
-        torch.set_rng_state(states["torch"])  # type: ignore[arg-type]
+        torch.set_rng_state(_cpu_bytes(states["torch"]))
     if "python" in states:
         random.setstate(_python_state_from_tensor(states["python"]))  # type: ignore[arg-type]
     if "numpy" in states:
-        keys = states["numpy"].numpy().astype(np.uint32)  # type: ignore[attr-defined]
+        keys = states["numpy"].cpu().numpy().astype(np.uint32)  # type: ignore[attr-defined]
         np.random.set_state(("MT19937", keys, int(states.get("numpy_pos", 0)), 0, 0.0))  # type: ignore[arg-type]
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])  # type: ignore[arg-type]
+    cuda = states.get("cuda")
+    if cuda is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        if isinstance(cuda, torch.Tensor):
+            torch.cuda.set_rng_state(_cpu_bytes(cuda))  # this rank's own (current) device
+        else:
+            torch.cuda.set_rng_state_all([_cpu_bytes(state) for state in cuda])  # type: ignore[attr-defined]
+
+
+def _cpu_bytes(state: object) -> torch.Tensor:
+    assert isinstance(state, torch.Tensor)
+    return state.detach().to(device="cpu", dtype=torch.uint8)
 
 
 def _python_state_to_tensor(state: tuple) -> torch.Tensor:

@@ -76,7 +76,7 @@ def test_unreachable_master_address_fails_in_seconds(monkeypatch: pytest.MonkeyP
         monkeypatch.setenv(key, value)
     started = time.monotonic()
     with pytest.raises(RuntimeError, match=rf"\[rank: 1\] could not initialise the process group .*MASTER_PORT={port}"):
-        _trainer(tmp_path, devices=2, strategy=DDPStrategy(timeout=timedelta(seconds=2))).fit(
+        _trainer(tmp_path, devices=2, strategy=DDPStrategy(timeout=timedelta(seconds=2), accelerator="cpu")).fit(
             TinyRegressor(), datamodule=RegressionData())
     assert time.monotonic() - started < 20
     assert not torch.distributed.is_initialized()

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks import report
 
@@ -40,6 +41,33 @@ def test_quick_run_writes_json_markdown_and_plot(tmp_path: Path) -> None:
     launch_target = next(t for t in results["targets"] if t["target"].startswith("launch->first step"))
     expected = launch_runs[1]["launch_to_first_step_s"] / launch_runs[0]["launch_to_first_step_s"]
     assert launch_target["measured"] == pytest.approx(expected) and "(launch-only rounds)" in launch_target["target"]
+
+
+@pytest.mark.timeout(120)
+def test_precision_and_batch_size_reach_every_contender(tmp_path: Path) -> None:
+    """bf16-mixed autocast in the hand-written loop and in our Trainer alike: the same loss."""
+    command = [sys.executable, "-m", "benchmarks.run", "--quick", "--workloads", "cnn", "--contenders",
+               "torch_ddp,ours", "--precision", "bf16-mixed", "--batch-size", "6", "--out", str(tmp_path)]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=110)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    meta, runs = results["meta"], results["runs"]
+    assert (meta["precision"], meta["batch_per_rank"], meta["ranks"]) == ("bf16-mixed", {"cnn": 6}, 2)
+    assert all("error" not in run for run in runs), [run.get("error") for run in runs]
+    assert runs[0]["final_loss"] == pytest.approx(runs[1]["final_loss"], abs=1e-5)
+    fp32 = subprocess.run([*command[:-6], "--batch-size", "6", "--out", str(tmp_path / "fp32")], cwd=REPO,
+                          capture_output=True, text=True, timeout=110)
+    fp32_loss = json.loads((tmp_path / "fp32" / "results.json").read_text())["runs"][0]["final_loss"]
+    assert fp32.returncode == 0 and fp32_loss != runs[0]["final_loss"]  # autocast did change the arithmetic
+    assert "precision bf16-mixed" in (tmp_path / "results.md").read_text()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
+def test_cuda_without_a_gpu_is_refused_by_name() -> None:
+    from benchmarks.run import parse_args
+
+    with pytest.raises(SystemExit, match="--accelerator cuda: no CUDA device is visible"):
+        parse_args(["--accelerator", "cuda"])
 
 
 def _run(workload: str, contender: str, repeat: int, speed: float) -> dict:

@@ -163,7 +163,7 @@ def test_our_trainer_launches_unified_lightning_module(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------- launcher, registry, options
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(JOB_TIMEOUT_S + 30)  # past _run's own limit, so a stall prints its output
 def test_example_project_runs_with_lightnings_subprocess_launcher(tmp_path: Path) -> None:
     result = _run([sys.executable, str(ROOT / "examples" / "lightning_project.py")], cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-6000:]

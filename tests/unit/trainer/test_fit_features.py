@@ -15,8 +15,14 @@ from trainer import Trainer
 from trainer.callbacks.base import Callback
 
 
+# The resume tests also run on a GPU where one is visible: checkpoints come back onto the device.
+ACCELERATORS = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                      reason="needs a CUDA device"))]
+
+
 def _trainer(tmp_path: Path, **kwargs: Any) -> Trainer:
-    defaults = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False,
+    """On the CPU unless asked: most tests compare against a hand-written loop on the CPU."""
+    defaults = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, accelerator="cpu",
                     enable_model_summary=False, default_root_dir=tmp_path, max_epochs=2)
     return Trainer(**{**defaults, **kwargs})
 
@@ -170,19 +176,21 @@ def test_manual_optimization_matches_automatic(tmp_path: Path) -> None:
     torch.testing.assert_close(manual.layer.weight, reference.layer.weight, rtol=0, atol=1e-6)
 
 
-def test_resume_continues_exactly(tmp_path: Path) -> None:
+@pytest.mark.parametrize("accelerator", ACCELERATORS)
+def test_resume_continues_exactly(tmp_path: Path, accelerator: str) -> None:
     torch.manual_seed(0)
     uninterrupted = TinyRegressor(optimizer="adam")
-    _trainer(tmp_path, max_epochs=4).fit(uninterrupted, datamodule=RegressionData(shuffle=True))
+    _trainer(tmp_path, max_epochs=4, accelerator=accelerator).fit(uninterrupted,
+                                                                  datamodule=RegressionData(shuffle=True))
 
     torch.manual_seed(0)
     first = TinyRegressor(optimizer="adam")
-    trainer = _trainer(tmp_path, max_epochs=2)
+    trainer = _trainer(tmp_path, max_epochs=2, accelerator=accelerator)
     trainer.fit(first, datamodule=RegressionData(shuffle=True))
     trainer.save_checkpoint(tmp_path / "mid.ckpt")
 
     resumed = TinyRegressor(optimizer="adam")
-    trainer = _trainer(tmp_path, max_epochs=4)
+    trainer = _trainer(tmp_path, max_epochs=4, accelerator=accelerator)
     trainer.fit(resumed, datamodule=RegressionData(shuffle=True), ckpt_path=str(tmp_path / "mid.ckpt"))
     assert trainer.current_epoch == 4 and trainer.global_step == 32
     torch.testing.assert_close(resumed.layer.weight, uninterrupted.layer.weight, rtol=0, atol=0)
@@ -240,8 +248,10 @@ def test_training_step_returning_dict_and_none(tmp_path: Path) -> None:
     assert trainer.global_step == 8
 
 
-def test_mid_epoch_resume_with_dropout_is_bit_exact(tmp_path: Path) -> None:
-    """Resuming at batch 3 of 8 continues the sampler order and every RNG stream exactly."""
+@pytest.mark.parametrize("accelerator", ACCELERATORS)
+def test_mid_epoch_resume_with_dropout_is_bit_exact(tmp_path: Path, accelerator: str) -> None:
+    """Resuming at batch 3 of 8 continues the sampler order and every RNG stream exactly (on a
+    GPU, dropout draws from the device's generator, which the checkpoint must carry too)."""
     from tests.helpers.models import DropoutRegressor
     from trainer import seed_everything
     from trainer.callbacks import ModelCheckpoint
@@ -250,7 +260,7 @@ def test_mid_epoch_resume_with_dropout_is_bit_exact(tmp_path: Path) -> None:
         seed_everything(1)
         model = DropoutRegressor()
         saver = ModelCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=3, save_top_k=-1)
-        _trainer(tmp_path, max_epochs=2, callbacks=[saver], enable_checkpointing=True).fit(
+        _trainer(tmp_path, max_epochs=2, callbacks=[saver], enable_checkpointing=True, accelerator=accelerator).fit(
             model, datamodule=RegressionData(shuffle=True), ckpt_path=ckpt_path)
         return model
 

@@ -1,0 +1,48 @@
+"""The CUDA path for real: nccl at world size 1, bf16-mixed, the CLI's digits job on a GPU and
+its checkpoint resumed on the CPU. Skipped where no GPU is visible (CI has none); run on a
+machine with one (docs/results.md says when it last was)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.integration.test_fit_e2e import ddp_train, run_dirs, scalars
+
+ROOT = Path(__file__).parents[2]
+pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+              pytest.mark.timeout(300)]
+
+
+@pytest.mark.parametrize(("precision", "tolerance"), [("32-true", 1e-5), ("bf16-mixed", 1e-2)])
+def test_nccl_at_world_size_1_matches_torch_ddp(precision: str, tolerance: float, tmp_path: Path) -> None:
+    out = tmp_path / "parity.json"
+    done = subprocess.run([sys.executable, "-m", "tests.helpers.cuda_parity", precision, str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert (result["backend"], result["world_size"], result["param_device"]) == ("nccl", 1, "cuda:0")
+    assert result["max_param_diff"] <= tolerance and result["max_loss_diff"] <= tolerance, result
+    assert result["losses"][-1] < 0.5 * result["losses"][0], result["losses"]  # it learns, not just agrees
+    assert result["val_loss"] > 0
+
+
+def test_cli_digits_on_cuda_in_bf16_resumes_on_the_cpu(tmp_path: Path) -> None:
+    ddp_train(["trainer=fast", "trainer.accelerator=cuda", "trainer.devices=1", "trainer.precision=bf16-mixed"],
+              tmp_path / "gpu")
+    (gpu_run,) = run_dirs(tmp_path / "gpu")
+    metrics = scalars(gpu_run)
+    assert len(metrics["val_acc"]) == 2 and 0.0 < metrics["val_acc"][-1][1] <= 1.0
+    last = gpu_run / "checkpoints" / "last.ckpt"
+    saved = torch.load(last, map_location="cpu", weights_only=True)
+    assert saved["epoch"] == 1 and saved["state_dict"]
+    # A GPU checkpoint resumes on a machine without one (map_location is the resuming rank's device).
+    ddp_train(["trainer=fast", "trainer.accelerator=cpu", "trainer.devices=1", "trainer.max_epochs=3",
+               f"ckpt_path={last}"], tmp_path / "cpu")
+    (cpu_run,) = run_dirs(tmp_path / "cpu")
+    assert [step for step, _ in scalars(cpu_run)["val_acc"]][-1] > metrics["val_acc"][-1][0]
