@@ -24,6 +24,9 @@ def parse_args(argv: list[str] | None = None, **extra: type) -> argparse.Namespa
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20, help="measured steps after the warm-up")
     parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--accelerator", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--precision", choices=("32-true", "bf16-mixed"), default="32-true")
+    parser.add_argument("--batch-size", type=int, default=None, help="per rank (default: the workload's)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--t0", type=float, default=None, help="time.time() when the harness started us")
     for name, kind in extra.items():
@@ -48,6 +51,8 @@ class Probe:
         return self.warmup + self.steps
 
     def step_end(self) -> None:
+        if len(self.ends) + 1 in (self.warmup, self.total_steps):
+            _wait_for_the_gpu()  # the measured interval's two ends: the device's work, not just its queue
         self.ends.append(time.perf_counter())
         if self.first_step_wall is None:
             self.first_step_wall = time.time()
@@ -69,6 +74,15 @@ class Probe:
             record["step_ms"] = [1e3 * (b - a) for a, b in zip(measured, measured[1:])]
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / f"rank{rank}.json").write_text(json.dumps(record))
+
+
+def _wait_for_the_gpu() -> None:
+    """CUDA queues work ahead of the host, so a host clock read after `optimizer.step()` returns can
+    precede the step's kernels. Synchronising at the two ends of the measured interval only (never
+    in between) times the device's work without stopping any contender from queueing ahead."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def peak_rss_mib() -> float:

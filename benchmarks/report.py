@@ -181,9 +181,17 @@ def _context(results: dict[str, Any]) -> str:
     cuda = meta.get("cuda") or "none (CPU only: no GPU figures)"
     return (f"Machine: {meta['cpu']}, {meta['cores']} cores; torch {meta['torch']}, pytorch_lightning "
             f"{meta['pytorch_lightning']}, Python {meta['python']}; CUDA device: {cuda}.  \n"
-            f"2 ranks x 1 thread (gloo) for DDP contenders; {meta['repeats']} interleaved repeats; {steps}.  \n"
+            f"{_placement(meta)}; {meta['repeats']} interleaved repeats; {steps}.  \n"
             f"Load average at start/end: {meta['load_before'][0]:.2f} / {meta.get('load_after', [float('nan')])[0]:.2f}. "
             f"Command: `{meta['command']}` (started {meta['started']}).")
+
+
+def _placement(meta: dict[str, Any]) -> str:
+    """Runs from before `--accelerator` existed recorded none of it: 2 CPU ranks in fp32."""
+    ranks, precision = meta.get("ranks", 2), meta.get("precision", "32-true")
+    if meta.get("accelerator", "cpu") == "cuda":
+        return f"{ranks} rank(s) x 1 GPU (nccl) for DDP contenders, precision {precision}"
+    return f"{ranks} ranks x 1 thread (gloo) for DDP contenders, precision {precision}"
 
 
 def render_markdown(results: dict[str, Any]) -> str:

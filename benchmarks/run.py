@@ -8,6 +8,7 @@ a shared machine hits every contender alike; results are medians with min-max.
                                              # rounds, sweep, accuracy
     python -m benchmarks.run --quick         # smoke: 1 repeat, a few steps, no sweep/accuracy
     python -m benchmarks.run --quick --workloads cnn --contenders single,ours --steps 2 --out /tmp/b
+    python -m benchmarks.run --accelerator cuda --precision bf16-mixed --batch-size 64 --out /tmp/gpu
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,23 @@ STEPS = {"mlp": (10, 40), "gpt": (5, 20), "cnn": (5, 20)}  # (warm-up, measured)
 QUICK_STEPS = (1, 2)
 LAUNCH_PAIR = (BASELINE, "ours")  # the launch targets compare these two
 SWEEP_CAPS = ("1", "2", "4", "8", "16", "25", "64", "auto")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where and how every contender of one harness run trains: the same for all of them."""
+
+    accelerator: str = "cpu"
+    devices: int = 2  # ranks of the DDP contenders (the single process is always one)
+    precision: str = "32-true"
+    batch_size: int | None = None  # per rank; None: the workload's own
+
+    def flags(self, ranks: int) -> list[str]:
+        batch = ["--batch-size", str(self.batch_size)] if self.batch_size else []
+        return ["--devices", str(ranks), "--accelerator", self.accelerator, "--precision", self.precision, *batch]
+
+    def batch(self, workload: str) -> int:
+        return self.batch_size or WORKLOADS[workload].batch_size
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -55,6 +74,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--docs", default=None, help=f"also write the README section here (default: {DOCS_RESULTS} "
                                                       "for a full run into the default --out)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per contender run")
+    parser.add_argument("--accelerator", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: every contender on GPUs, nccl between the DDP ranks")
+    parser.add_argument("--devices", type=int, default=None,
+                        help="ranks of the DDP contenders (default 2 on cpu, every visible GPU on cuda)")
+    parser.add_argument("--precision", choices=("32-true", "bf16-mixed"), default="32-true")
+    parser.add_argument("--batch-size", type=int, default=None, help="per rank (default: each workload's own)")
     parser.add_argument("--baseline-root", default=None,
                         help="another checkout: contenders named NAME@base run its trainer/strategies "
                              "(before/after figures), e.g. --contenders ours,ours@base")
@@ -66,9 +91,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.sweep = (not args.quick) if args.sweep is None else args.sweep
     args.accuracy = (not args.quick) if args.accuracy is None else args.accuracy
     args.launch_repeats = (0 if args.quick else 10) if args.launch_repeats is None else args.launch_repeats
+    args.placement = _placement(args)
     if args.docs is None and not args.quick and Path(args.out).resolve() == RESULTS.resolve():
         args.docs = str(DOCS_RESULTS)  # only the canonical full run rewrites the README section
     return args
+
+
+def _placement(args: argparse.Namespace) -> Placement:
+    devices = args.devices
+    if args.accelerator == "cuda":
+        import torch
+
+        visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if visible == 0:
+            raise SystemExit("--accelerator cuda: no CUDA device is visible; use --accelerator cpu")
+        devices = devices or visible
+        if devices > visible:
+            raise SystemExit(f"--devices {devices}: only {visible} CUDA device(s) are visible")
+    devices = devices or 2
+    if devices < 1 or (args.batch_size is not None and args.batch_size < 1):
+        raise SystemExit(f"--devices and --batch-size must be >= 1, got {devices} and {args.batch_size}")
+    return Placement(args.accelerator, devices, args.precision, args.batch_size)
 
 
 def _names(text: str, known: dict[str, Any], flag: str) -> list[str]:
@@ -87,13 +130,13 @@ def steps_for(workload: str, args: argparse.Namespace) -> tuple[int, int]:
 # ---------------------------------------------------------------------- one run
 def run_contender(contender: Contender, workload: str, warmup: int, steps: int, timeout: float,
                   options: dict[str, str] | None = None, code_root: str | None = None,
-                  name: str | None = None) -> dict[str, Any]:
+                  name: str | None = None, placement: Placement = Placement()) -> dict[str, Any]:
     """Start the contender's process tree, wait, and read back what each rank wrote."""
     options = {**contender.options, **(options or {})}
-    ranks = 2 if contender.distributed else 1
+    ranks = placement.devices if contender.distributed else 1
     with tempfile.TemporaryDirectory(prefix="bench-") as out:
         command = [sys.executable, "-m", contender.module, "--workload", workload, "--warmup", str(warmup),
-                   "--steps", str(steps), "--devices", str(ranks), "--out", out]
+                   "--steps", str(steps), *placement.flags(ranks), "--out", out]
         command += [item for key, value in options.items() for item in (f"--{key.replace('_', '-')}", value)]
         t0 = time.time()
         done = subprocess.run([*command, "--t0", repr(t0)], capture_output=True, text=True, timeout=timeout,
@@ -106,7 +149,7 @@ def run_contender(contender: Contender, workload: str, warmup: int, steps: int, 
         run["error"] = (done.stderr or done.stdout)[-3000:]
         return run
     rank0 = min(records, key=lambda record: record["rank"])
-    batch = WORKLOADS[workload].batch_size
+    batch = placement.batch(workload)
     run.update(samples_per_s=rank0["measured_steps"] * batch * ranks / rank0["measured_s"],
                launch_to_first_step_s=rank0["launch_to_first_step_s"],
                peak_rss_mib=max(record["peak_rss_mib"] for record in records),
@@ -134,7 +177,7 @@ def interleaved(args: argparse.Namespace) -> list[dict[str, Any]]:
             for name in order:
                 base, _, tag = name.partition("@")
                 run = run_contender(CONTENDERS[base], workload, warmup, steps, args.timeout, name=name,
-                                    code_root=args.baseline_root if tag else None)
+                                    code_root=args.baseline_root if tag else None, placement=args.placement)
                 run["repeat"] = repeat
                 runs.append(run)
                 _progress(run)
@@ -159,7 +202,7 @@ def launch_only(args: argparse.Namespace) -> list[dict[str, Any]]:
     for repeat in range(args.launch_repeats):
         for workload in args.workloads:
             for name in LAUNCH_PAIR if repeat % 2 == 0 else LAUNCH_PAIR[::-1]:
-                run = run_contender(CONTENDERS[name], workload, 1, 1, args.timeout)
+                run = run_contender(CONTENDERS[name], workload, 1, 1, args.timeout, placement=args.placement)
                 run["repeat"] = repeat
                 runs.append(run)
                 if "error" in run:
@@ -177,7 +220,7 @@ def bucket_sweep(args: argparse.Namespace, workload: str = "mlp") -> dict[str, A
         for cap in (*SWEEP_CAPS, "torch_ddp"):
             contender = CONTENDERS["torch_ddp" if cap == "torch_ddp" else "ours"]
             options = {} if cap == "torch_ddp" else {"bucket_cap_mb": cap}
-            run = run_contender(contender, workload, warmup, steps, args.timeout, options)
+            run = run_contender(contender, workload, warmup, steps, args.timeout, options, placement=args.placement)
             run.update(repeat=repeat, cap=cap)
             runs.append(run)
             _progress(run)
@@ -242,7 +285,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "started": time.strftime("%Y-%m-%d %H:%M:%S"), "load_before": os.getloadavg(), **machine(),
             "repeats": args.repeats, "launch_repeats": args.launch_repeats,
             "steps": {w: steps_for(w, args) for w in args.workloads},
-            "batch_per_rank": {w: WORKLOADS[w].batch_size for w in args.workloads}}
+            "batch_per_rank": {w: args.placement.batch(w) for w in args.workloads},
+            "accelerator": args.placement.accelerator, "ranks": args.placement.devices,
+            "precision": args.placement.precision}
     print(f"benchmark: {meta['command']}  (load {meta['load_before'][0]:.2f}, {meta['cores']} cores)", flush=True)
     results: dict[str, Any] = {"meta": meta, "runs": interleaved(args)}
     if args.launch_repeats and set(LAUNCH_PAIR) <= set(args.contenders):

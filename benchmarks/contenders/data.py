@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 
 import torch
 from torch.utils.data import DataLoader
@@ -12,9 +14,26 @@ from benchmarks.workloads import WORKLOADS, Workload, loss_fn
 
 
 def workload(args: argparse.Namespace) -> Workload:
+    """The named workload, with `--batch-size` (per rank) in place of its own if given."""
     if args.workload not in WORKLOADS:
         raise SystemExit(f"--workload={args.workload!r}: expected one of {sorted(WORKLOADS)}")
-    return WORKLOADS[args.workload]
+    work = WORKLOADS[args.workload]
+    return dataclasses.replace(work, batch_size=args.batch_size) if args.batch_size else work
+
+
+def device_for(args: argparse.Namespace, local_rank: int = 0) -> torch.device:
+    """What a hand-written loop trains on: the CPU, or its rank's GPU (as the frameworks pick)."""
+    if args.accelerator == "cuda":
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def autocast(args: argparse.Namespace, device: torch.device) -> contextlib.AbstractContextManager:
+    """bf16-mixed as the frameworks do it: forward and loss under autocast, backward outside."""
+    if args.precision == "bf16-mixed":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def loader(work: Workload, total_steps: int, ranks: int) -> DataLoader:
@@ -25,7 +44,7 @@ def loader(work: Workload, total_steps: int, ranks: int) -> DataLoader:
 
 
 def train_raw(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: DataLoader, probe: Probe,
-              rank: int) -> None:
+              rank: int, args: argparse.Namespace, device: torch.device) -> None:
     """The framework-free loop of the baselines (one process, hand-written torch DDP): exactly the
     arithmetic every framework contender also does, timed by the probe."""
     loss = torch.zeros(())
@@ -33,7 +52,8 @@ def train_raw(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches:
         if step == probe.total_steps:
             break
         optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model, batch)
+        with autocast(args, device):
+            loss = loss_fn(model, [tensor.to(device, non_blocking=True) for tensor in batch])
         loss.backward()
         optimizer.step()
         probe.step_end()

@@ -32,7 +32,8 @@ class ProbeCallback(pl.Callback):
 
 def fit(strategy: Any, args: Any, work: Workload, probe: Probe, loader: Any) -> None:
     """The same Trainer settings as our contenders: no logger, checkpoints, progress bar or summary."""
-    trainer = pl.Trainer(accelerator="cpu", devices=args.devices, strategy=strategy, max_steps=probe.total_steps,
+    trainer = pl.Trainer(accelerator=args.accelerator, precision=args.precision, devices=args.devices,
+                         strategy=strategy, max_steps=probe.total_steps,
                          callbacks=[ProbeCallback(probe)], logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                          default_root_dir=args.out)

@@ -36,7 +36,8 @@ def main(args: argparse.Namespace) -> None:
     probe, work = Probe(args), workload(args)
     transport = {} if args.transport is None else {"transport": args.transport}  # older checkouts lack it
     strategy = DDPStrategy(comm_hook=args.comm_hook, bucket_cap_mb=_bucket_cap(args.bucket_cap_mb), **transport)
-    trainer = Trainer(accelerator="cpu", devices=args.devices, strategy=strategy, max_steps=probe.total_steps,
+    trainer = Trainer(accelerator=args.accelerator, precision=args.precision, devices=args.devices,
+                      strategy=strategy, max_steps=probe.total_steps,
                       callbacks=[ProbeCallback(probe)], logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, default_root_dir=args.out)
     _ensure_telemetry(trainer)

@@ -12,21 +12,23 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 
-from benchmarks.contenders.data import loader, train_raw, workload
+from benchmarks.contenders.data import device_for, loader, train_raw, workload
 from benchmarks.probe import Probe, parse_args, threads_per_rank
 from benchmarks.workloads import make_optimizer
 
 
 def worker(rank: int, args: argparse.Namespace, port: int) -> None:
     torch.set_num_threads(threads_per_rank(args.devices))
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.devices)
+    device = device_for(args, local_rank=rank)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.devices)
     probe, work = Probe(args), workload(args)
-    model = DistributedDataParallel(work.model())
+    model = DistributedDataParallel(work.model().to(device), device_ids=[rank] if device.type == "cuda" else None)
     optimizer = make_optimizer(work, model)
     data = loader(work, probe.total_steps, args.devices)
     data = torch.utils.data.DataLoader(data.dataset, batch_size=work.batch_size, drop_last=True,
                                        sampler=DistributedSampler(data.dataset, shuffle=False))
-    train_raw(model, optimizer, data, probe, rank)
+    train_raw(model, optimizer, data, probe, rank, args, device)
     dist.destroy_process_group()
 
 
