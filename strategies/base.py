@@ -182,8 +182,11 @@ class Strategy(abc.ABC):
         self.barrier("save_checkpoint")
 
     def load_checkpoint(self, path: str | os.PathLike[str]) -> dict[str, Any]:
-        """Every rank reads the file itself (weights only; never executes pickled code)."""
-        return self.checkpoint_io.load(path, map_location=self.root_device)
+        """Every rank reads the file itself (weights only; never executes pickled code), onto the
+        CPU: `load_state_dict` moves weights and optimizer state onto the parameters' devices, and
+        what else a checkpoint holds (RNG states, step counters, callbacks' best scores) belongs
+        on the CPU, as it would after a fresh start."""
+        return self.checkpoint_io.load(path, map_location="cpu")
 
     def remove_checkpoint(self, path: str | os.PathLike[str]) -> None:
         if self.is_global_zero:

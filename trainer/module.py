@@ -95,10 +95,11 @@ class LightningModule(nn.Module):
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path: str, map_location: Any = None, strict: bool = True,
                              **hparam_overrides: Any) -> LightningModule:
-        """Rebuild the module from the hyperparameters and weights stored in a checkpoint."""
+        """Rebuild the module from the hyperparameters and weights stored in a checkpoint; onto the
+        CPU unless `map_location` says otherwise, so a GPU run's checkpoint loads anywhere."""
         from strategies.checkpoint_io import TorchCheckpointIO
 
-        checkpoint = TorchCheckpointIO().load(checkpoint_path, map_location=map_location)
+        checkpoint = TorchCheckpointIO().load(checkpoint_path, map_location=map_location or "cpu")
         hparams = {**checkpoint.get("hyper_parameters", {}), **hparam_overrides}
         module = cls(**hparams)
         module.load_state_dict(checkpoint["state_dict"], strict=strict)

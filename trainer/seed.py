@@ -38,7 +38,7 @@ def rng_states(device_type: str = "cpu") -> dict[str, object]:
         "numpy_pos": int(np.random.get_state()[2]),
     }
     if device_type == "cuda":
-        states["cuda"] = torch.cuda.get_rng_state()
+        states["cuda_device"] = torch.cuda.get_rng_state()
     return states
 
 
@@ -49,40 +49,34 @@ def gather_rng_states(all_gather: Callable[[torch.Tensor], torch.Tensor],
     on GPUs too, where each rank's dropout draws from its own device's generator."""
     own = rng_states(device_type)
     gathered: dict[str, object] = {"per_rank": True, "numpy_pos": all_gather(torch.tensor([own["numpy_pos"]]))}
-    for key in ("torch", "python", "numpy", *(("cuda",) if "cuda" in own else ())):
+    for key in ("torch", "python", "numpy", *(("cuda_device",) if "cuda_device" in own else ())):
         tensor = own[key]
         assert isinstance(tensor, torch.Tensor)
         gathered[key] = all_gather(tensor.to(torch.int64)).cpu()
     return gathered
 
 
-def restore_rank_rng_states(states: dict[str, object], rank: int) -> None:
+def restore_rank_rng_states(states: dict[str, object], rank: int, device_type: str = "cpu") -> None:
     """Restore this rank's slice of `gather_rng_states`; a checkpoint from a different world size
-    gives ranks beyond the old world size the state of old rank 0."""
+    gives ranks beyond the old world size the state of old rank 0. `device_type` is the resuming
+    run's: a GPU generator is restored only into a run on a GPU."""
     if not states.get("per_rank"):
-        restore_rng_states(states)
+        restore_rng_states(states, device_type)
         return
     world = states["torch"].shape[0]  # type: ignore[attr-defined]
     index = rank if rank < world else 0
-    restore_rng_states({
-        "torch": states["torch"][index].to(torch.uint8),  # type: ignore[index]
-        "python": states["python"][index],  # type: ignore[index]
-        "numpy": states["numpy"][index],  # type: ignore[index]
-        "numpy_pos": int(states["numpy_pos"][index]),  # type: ignore[index]
-        **({"cuda": _own_cuda_state(states["cuda"], index)} if "cuda" in states else {}),
-    })
+    own: dict[str, object] = {key: states[key][index]  # type: ignore[index]
+                              for key in ("torch", "python", "numpy", "cuda_device") if key in states}
+    own["numpy_pos"] = int(states["numpy_pos"][index])  # type: ignore[index]
+    if "cuda" in states:
+        own["cuda"] = states["cuda"]  # older checkpoints: rank 0's list, not stacked per rank
+    restore_rng_states(own, device_type)
 
 
-def _own_cuda_state(cuda: object, index: int) -> object:
-    """This rank's row of the stacked CUDA states; checkpoints written before those were
-    gathered hold rank 0's list of every device's state, which is restored as it is."""
-    return cuda[index] if isinstance(cuda, torch.Tensor) else cuda  # type: ignore[index]
-
-
-def restore_rng_states(states: dict[str, object]) -> None:
-    """States may arrive on the GPU (a checkpoint is loaded onto the rank's device); the
-    generators take CPU byte tensors. A GPU run's CUDA state is restored only into a run that
-    uses CUDA itself, so resuming on the CPU never creates a CUDA context."""
+def restore_rng_states(states: dict[str, object], device_type: str = "cpu") -> None:
+    """The generators take CPU byte tensors, wherever the states were loaded. Resuming on the CPU
+    never creates a CUDA context; checkpoints from before per-rank GPU states hold rank 0's list
+    of every device's state (key "cuda"), of which this process takes its current device's."""
     if "torch" in states:
         torch.set_rng_state(_cpu_bytes(states["torch"]))
     if "python" in states:
@@ -90,12 +84,14 @@ def restore_rng_states(states: dict[str, object]) -> None:
     if "numpy" in states:
         keys = states["numpy"].cpu().numpy().astype(np.uint32)  # type: ignore[attr-defined]
         np.random.set_state(("MT19937", keys, int(states.get("numpy_pos", 0)), 0, 0.0))  # type: ignore[arg-type]
-    cuda = states.get("cuda")
-    if cuda is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-        if isinstance(cuda, torch.Tensor):
-            torch.cuda.set_rng_state(_cpu_bytes(cuda))  # this rank's own (current) device
-        else:
-            torch.cuda.set_rng_state_all([_cpu_bytes(state) for state in cuda])  # type: ignore[attr-defined]
+    if device_type != "cuda" or not torch.cuda.is_available():
+        return
+    if "cuda_device" in states:
+        torch.cuda.set_rng_state(_cpu_bytes(states["cuda_device"]))  # this rank's own (current) device
+        return
+    every_device = states.get("cuda")
+    if isinstance(every_device, (list, tuple)) and torch.cuda.current_device() < len(every_device):
+        torch.cuda.set_rng_state(_cpu_bytes(every_device[torch.cuda.current_device()]))
 
 
 def _cpu_bytes(state: object) -> torch.Tensor:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers.cuda_parity import STEPS
 from tests.integration.test_fit_e2e import ddp_train, run_dirs, scalars
 
 ROOT = Path(__file__).parents[2]
@@ -27,6 +28,8 @@ def test_nccl_at_world_size_1_matches_torch_ddp(precision: str, tolerance: float
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(out.read_text())
     assert (result["backend"], result["world_size"], result["param_device"]) == ("nccl", 1, "cuda:0")
+    assert result["autocast"] == [precision == "bf16-mixed"] * STEPS  # every step, in the precision asked for
+    assert len(result["losses"]) == len(result["reference_losses"]) == STEPS
     assert result["max_param_diff"] <= tolerance and result["max_loss_diff"] <= tolerance, result
     assert result["losses"][-1] < 0.5 * result["losses"][0], result["losses"]  # it learns, not just agrees
     assert result["val_loss"] > 0
@@ -41,8 +44,9 @@ def test_cli_digits_on_cuda_in_bf16_resumes_on_the_cpu(tmp_path: Path) -> None:
     last = gpu_run / "checkpoints" / "last.ckpt"
     saved = torch.load(last, map_location="cpu", weights_only=True)
     assert saved["epoch"] == 1 and saved["state_dict"]
-    # A GPU checkpoint resumes on a machine without one (map_location is the resuming rank's device).
+    # A GPU checkpoint resumes on a machine without one (checkpoints load onto the CPU first).
     ddp_train(["trainer=fast", "trainer.accelerator=cpu", "trainer.devices=1", "trainer.max_epochs=3",
                f"ckpt_path={last}"], tmp_path / "cpu")
     (cpu_run,) = run_dirs(tmp_path / "cpu")
-    assert [step for step, _ in scalars(cpu_run)["val_acc"]][-1] > metrics["val_acc"][-1][0]
+    resumed = scalars(cpu_run)["val_acc"]  # only the one epoch left, after the GPU run's steps: a resume
+    assert len(resumed) == 1 and resumed[0][0] > metrics["val_acc"][-1][0], (resumed, metrics["val_acc"])

@@ -2,7 +2,8 @@
 `torch.nn.parallel.DistributedDataParallel` loop on the same GPU, same data, same precision.
 
 Run by tests/distributed/test_cuda.py as `python -m tests.helpers.cuda_parity PRECISION OUT.json`,
-in a process of its own, so NCCL and the CUDA context stay out of the rest of the suite.
+in a process of its own, so NCCL and the CUDA context stay out of the rest of the suite. A third
+argument `cpu` runs the same comparison on the CPU over gloo (to check this script without a GPU).
 """
 
 from __future__ import annotations
@@ -48,11 +49,14 @@ def _loader() -> DataLoader:
 
 
 class ParityModule(LightningModule):
-    def __init__(self) -> None:
+    def __init__(self, device_type: str) -> None:
         super().__init__()
         self.net = _net()
+        self.device_type = device_type
+        self.autocast_seen: list[bool] = []
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        self.autocast_seen.append(torch.is_autocast_enabled(self.device_type))  # bf16-mixed really is on
         loss = _loss(self.net, *batch)
         self.log("train_loss", loss, prog_bar=True)
         return loss
@@ -77,27 +81,31 @@ class Record(Callback):
         self.losses.append(float(outputs.detach()))
 
 
-def ours(precision: str, root: str) -> dict[str, Any]:
-    record, module = Record(), ParityModule()
-    trainer = Trainer(accelerator="cuda", devices=1, strategy=DDPStrategy(), precision=precision, max_steps=STEPS,
+def ours(precision: str, root: str, device_type: str) -> dict[str, Any]:
+    record, module = Record(), ParityModule(device_type)
+    trainer = Trainer(accelerator=device_type, devices=1, strategy=DDPStrategy(), precision=precision, max_steps=STEPS,
                       callbacks=[record], logger=False, enable_checkpointing=False, enable_progress_bar=False,
                       enable_model_summary=False, limit_val_batches=2, default_root_dir=root)
     trainer.fit(module, train_dataloaders=_loader(), val_dataloaders=_loader())
     return {"losses": record.losses, **record.seen, "val_loss": float(trainer.callback_metrics["val_loss"]),
+            "autocast": module.autocast_seen,
             "params": {name: value.detach().cpu() for name, value in module.net.state_dict().items()}}
 
 
-def torch_ddp(precision: str) -> dict[str, Any]:
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+def torch_ddp(precision: str, device_type: str) -> dict[str, Any]:
+    cuda = device_type == "cuda"
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                            world_size=1)
     try:
-        net = _net().cuda()
-        model = DistributedDataParallel(net, device_ids=[0])
+        device = torch.device(device_type, 0) if cuda else torch.device("cpu")
+        net = _net().to(device)
+        model = DistributedDataParallel(net, device_ids=[0] if cuda else None)
         optimizer, losses = _optimizer(model.parameters()), []
         for x, y in _loader():
-            autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if precision == "bf16-mixed"
+            autocast = (torch.autocast(device_type, dtype=torch.bfloat16) if precision == "bf16-mixed"
                         else contextlib.nullcontext())
             with autocast:
-                loss = _loss(model, x.cuda(), y.cuda())
+                loss = _loss(model, x.to(device), y.to(device))
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -107,17 +115,19 @@ def torch_ddp(precision: str) -> dict[str, Any]:
         dist.destroy_process_group()
 
 
-def main(precision: str, out: str) -> None:
-    torch.cuda.set_device(0)
-    mine = ours(precision, str(Path(out).parent))
-    reference = torch_ddp(precision)
+def main(precision: str, out: str, device_type: str = "cuda") -> None:
+    if device_type == "cuda":
+        torch.cuda.set_device(0)
+    mine = ours(precision, str(Path(out).parent), device_type)
+    reference = torch_ddp(precision, device_type)
     param_diff = max(float((mine["params"][name] - value).abs().max()) for name, value in reference["params"].items())
     loss_diff = max(abs(a - b) for a, b in zip(mine["losses"], reference["losses"]))
     Path(out).write_text(json.dumps({
         "backend": mine["backend"], "world_size": mine["world_size"], "param_device": mine["param_device"],
         "losses": mine["losses"], "reference_losses": reference["losses"], "val_loss": mine["val_loss"],
+        "autocast": mine["autocast"],
         "max_param_diff": param_diff, "max_loss_diff": loss_diff}))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:4])

@@ -183,7 +183,7 @@ def _restore_rng(trainer: Any) -> None:
     iterator was built (building one draws a seed) and its finished batches were drawn."""
     states, trainer.loop_state.rng_to_restore = trainer.loop_state.rng_to_restore, None
     if states is not None:
-        restore_rank_rng_states(states, trainer.global_rank)
+        restore_rank_rng_states(states, trainer.global_rank, trainer.strategy.root_device.type)
 
 
 def _set_sampler_epoch(loader: Any, epoch: int) -> None:
