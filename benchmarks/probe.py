@@ -15,6 +15,7 @@ import resource
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 
 def parse_args(argv: list[str] | None = None, **extra: type) -> argparse.Namespace:
@@ -35,13 +36,14 @@ def parse_args(argv: list[str] | None = None, **extra: type) -> argparse.Namespa
 
 
 class Probe:
-    """Call `step_end()` after every optimizer step and `finish(rank, loss)` once at the end."""
+    """Call `step_end(batch)` after every optimizer step and `finish(rank, loss)` once at the end."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.warmup, self.steps = args.warmup, args.steps
         self.out = Path(args.out)
         self.t0 = args.t0 if args.t0 is not None else time.time()
         self.ends: list[float] = []
+        self.batch_size: int | None = None  # as the contender's loop saw it, not as asked
         self.first_step_wall: float | None = None
         self.rss_after_first_step: float | None = None
         self.hwm_after_first_step: float | None = None
@@ -50,10 +52,12 @@ class Probe:
     def total_steps(self) -> int:
         return self.warmup + self.steps
 
-    def step_end(self) -> None:
-        if len(self.ends) + 1 in (self.warmup, self.total_steps):
+    def step_end(self, batch: Any) -> None:
+        """`batch` is the step's (inputs, targets): samples/s counts what was really trained on."""
+        if len(self.ends) + 1 in (max(self.warmup, 1), self.total_steps):
             _wait_for_the_gpu()  # the measured interval's two ends: the device's work, not just its queue
         self.ends.append(time.perf_counter())
+        self.batch_size = len(batch[0])
         if self.first_step_wall is None:
             self.first_step_wall = time.time()
             self.rss_after_first_step = _status_mib("VmRSS")
@@ -66,7 +70,8 @@ class Probe:
                   "hwm_after_first_step_mib": self.hwm_after_first_step,
                   "rss_end_breakdown_mib": {field: _status_mib(field) for field in ("RssAnon", "RssFile", "RssShmem")},
                   "launch_to_first_step_s": (self.first_step_wall or time.time()) - self.t0,
-                  "final_loss": loss, "steps_done": len(self.ends), **(extra or {})}
+                  "final_loss": loss, "steps_done": len(self.ends), "batch_size": self.batch_size,
+                  **(extra or {})}
         if len(self.ends) > self.warmup:
             measured = self.ends[self.warmup - 1:] if self.warmup else self.ends
             record["measured_s"] = measured[-1] - measured[0]

@@ -70,7 +70,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="extra launch-only rounds (torch DDP vs ours, 1 step each) per workload, which the "
                              "launch targets are judged on (default 10; 0 with --quick)")
     parser.add_argument("--accuracy", action=argparse.BooleanOptionalAction, default=None,
-                        help="digits val_acc with fp32 vs bf16 communication (default: on unless --quick)")
+                        help="digits val_acc with fp32 vs bf16 communication, always on 2 CPU ranks "
+                             "(default: on unless --quick or --accelerator cuda)")
     parser.add_argument("--docs", default=None, help=f"also write the README section here (default: {DOCS_RESULTS} "
                                                       "for a full run into the default --out)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per contender run")
@@ -89,7 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.contenders = _names(args.contenders, known, "--contenders")
     args.repeats = args.repeats or (1 if args.quick else 5)
     args.sweep = (not args.quick) if args.sweep is None else args.sweep
-    args.accuracy = (not args.quick) if args.accuracy is None else args.accuracy
+    args.accuracy = (not args.quick and args.accelerator == "cpu") if args.accuracy is None else args.accuracy
     args.launch_repeats = (0 if args.quick else 10) if args.launch_repeats is None else args.launch_repeats
     args.placement = _placement(args)
     if args.docs is None and not args.quick and Path(args.out).resolve() == RESULTS.resolve():
@@ -149,7 +150,7 @@ def run_contender(contender: Contender, workload: str, warmup: int, steps: int, 
         run["error"] = (done.stderr or done.stdout)[-3000:]
         return run
     rank0 = min(records, key=lambda record: record["rank"])
-    batch = placement.batch(workload)
+    batch = rank0["batch_size"]  # what the contender trained on (--batch-size reached it, or not)
     run.update(samples_per_s=rank0["measured_steps"] * batch * ranks / rank0["measured_s"],
                launch_to_first_step_s=rank0["launch_to_first_step_s"],
                peak_rss_mib=max(record["peak_rss_mib"] for record in records),

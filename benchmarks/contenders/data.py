@@ -56,5 +56,5 @@ def train_raw(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches:
             loss = loss_fn(model, [tensor.to(device, non_blocking=True) for tensor in batch])
         loss.backward()
         optimizer.step()
-        probe.step_end()
+        probe.step_end(batch)
     probe.finish(rank, float(loss.detach()), {"threads": torch.get_num_threads()})

@@ -22,7 +22,7 @@ class ProbeCallback(pl.Callback):
         self.loss: float | None = None
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self.probe.step_end()
+        self.probe.step_end(batch)
         if len(self.probe.ends) == self.probe.total_steps:
             self.loss = float(outputs["loss"].detach())
 

@@ -28,7 +28,7 @@ class ProbeCallback(Callback):
             self.at_warmup_end = _telemetry(trainer)  # every hook of the last warm-up step has run
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self.probe.step_end()
+        self.probe.step_end(batch)
         if len(self.probe.ends) == self.probe.total_steps:
             self.loss = float(outputs.detach())
 
