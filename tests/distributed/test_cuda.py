@@ -1,6 +1,6 @@
 """The CUDA path for real: nccl at world size 1, bf16-mixed, the CLI's digits job on a GPU and
 its checkpoint resumed on the CPU. Skipped where no GPU is visible (CI has none); run on a
-machine with one (docs/results.md says when it last was)."""
+machine with one (benchmarks/README.md, "On a GPU", says when that last happened)."""
 
 from __future__ import annotations
 
