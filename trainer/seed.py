@@ -74,9 +74,10 @@ def restore_rank_rng_states(states: dict[str, object], rank: int, device_type: s
 
 
 def restore_rng_states(states: dict[str, object], device_type: str = "cpu") -> None:
-    """The generators take CPU byte tensors, wherever the states were loaded. Resuming on the CPU
-    never creates a CUDA context; checkpoints from before per-rank GPU states hold rank 0's list
-    of every device's state (key "cuda"), of which this process takes its current device's."""
+    """The generators take CPU byte tensors: the Trainer loads checkpoints onto the CPU, but a
+    user's CheckpointIO may honour another map_location. Resuming on the CPU never creates a CUDA
+    context; checkpoints from before per-rank GPU states hold rank 0's list of every device's
+    state (key "cuda"), of which this process takes its current device's."""
     if "torch" in states:
         torch.set_rng_state(_cpu_bytes(states["torch"]))
     if "python" in states:

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from strategies import DDPStrategy
+from strategies import DDPStrategy, launcher
 
 
 def ranks_and_pids(strategy: DDPStrategy) -> dict[str, Any]:
@@ -166,7 +166,7 @@ def stop_signal_handlers(strategy: DDPStrategy) -> list[Any]:
     """Every rank's handler for the signals torch elastic stops workers with, by name."""
     names = {signal.SIG_DFL: "default", signal.SIG_IGN: "ignored", signal.default_int_handler: "KeyboardInterrupt"}
     mine: dict[str, Any] = {sig.name: names.get(signal.getsignal(sig), "other")
-                            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)}
+                            for sig in launcher._STOP_SIGNALS}
     mine["ppid"] = os.getppid()
     return gather_all(strategy, mine)
 
