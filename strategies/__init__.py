@@ -12,18 +12,41 @@ from strategies.single_device import SingleDeviceStrategy
 
 __all__ = ["DDPStrategy", "SingleDeviceStrategy", "Strategy", "resolve_strategy"]
 
-STRATEGY_NAMES = ("auto", "ddp", "single")
+# Lightning's strategy names, with Lightning's meaning, as DDPStrategy arguments.
+_DDP_NAMES: dict[str, dict[str, object]] = {
+    "ddp": {},
+    "ddp_spawn": {"start_method": "spawn"},
+    "ddp_find_unused_parameters_true": {"find_unused_parameters": True},
+    "ddp_find_unused_parameters_false": {},
+    "ddp_spawn_find_unused_parameters_true": {"start_method": "spawn", "find_unused_parameters": True},
+    "ddp_spawn_find_unused_parameters_false": {"start_method": "spawn"},
+}
+_SINGLE_NAMES = ("single", "single_device")
+STRATEGY_NAMES = ("auto", *_DDP_NAMES, *_SINGLE_NAMES)
 
 
-def resolve_strategy(strategy: str | Strategy, devices: int, num_nodes: int) -> Strategy:
+def resolve_strategy(strategy: str | Strategy, devices: int, num_nodes: int, sync_batchnorm: bool = False) -> Strategy:
     """Turn the Trainer's `strategy=` argument into a Strategy ("auto": one process -> single)."""
     if isinstance(strategy, Strategy):
+        if sync_batchnorm:
+            _enable_sync_batchnorm(strategy)
         return strategy
     if strategy == "auto":
         strategy = "single" if devices * num_nodes == 1 else "ddp"
-    if strategy == "ddp":
-        return DDPStrategy()
-    if strategy == "single":
+    if strategy in _DDP_NAMES:
+        return DDPStrategy(sync_batchnorm=sync_batchnorm, **_DDP_NAMES[strategy])  # type: ignore[arg-type]
+    if strategy in _SINGLE_NAMES:
         return SingleDeviceStrategy()
+    if strategy in ("ddp_fork", "ddp_notebook"):
+        raise ValueError(f"strategy={strategy!r} (forked workers) is not offered yet: a forked worker hangs in OpenMP "
+                         "once the launching process has used it. Use strategy='ddp' (workers start from a "
+                         "forkserver) or 'ddp_spawn'.")
     raise ValueError(f"strategy={strategy!r} is not supported; expected one of {STRATEGY_NAMES} "
                      f"or a Strategy instance.")
+
+
+def _enable_sync_batchnorm(strategy: Strategy) -> None:
+    """Trainer(sync_batchnorm=True) with a strategy instance: a distributed one converts the
+    BatchNorm layers; one process has nothing to synchronise (its statistics are already global)."""
+    if hasattr(strategy, "sync_batchnorm"):
+        strategy.sync_batchnorm = True

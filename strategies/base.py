@@ -136,9 +136,11 @@ class Strategy(abc.ABC):
         """Release what `setup_environment`/`setup_module` acquired. Safe to call twice."""
 
     # ------------------------------------------------------------------ gradients
-    def backward(self, loss: torch.Tensor) -> None:
-        """Backpropagate; when this returns, gradients are synchronised (unless in `no_sync`)."""
-        loss.backward()
+    def backward(self, loss: torch.Tensor, run: Callable[[torch.Tensor], Any] | None = None) -> None:
+        """Backpropagate; when this returns, gradients are synchronised (unless in `no_sync`).
+        `run` performs the backward pass itself (the module's `backward` hook); default
+        `loss.backward()`."""
+        (run or torch.Tensor.backward)(loss)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:

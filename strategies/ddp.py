@@ -218,10 +218,10 @@ class DDPStrategy(Strategy):
 
     # ------------------------------------------------------------------ gradients
     @override
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor, run: Callable[[torch.Tensor], Any] | None = None) -> None:
         reducer = self._require_reducer("backward")
         reducer.prepare_for_backward(loss)
-        loss.backward()
+        (run or torch.Tensor.backward)(loss)
         reducer.finish_backward()
 
     @override

@@ -136,6 +136,11 @@ def distribute_dataloader(dataloader: DataLoader, num_replicas: int, rank: int,
         _check_every_rank_has_a_batch(dataloader, num_replicas)
         sampler = ShardSampler(dataloader.dataset, num_replicas, rank,  # type: ignore[arg-type]
                                shuffle=shuffle, seed=_resolve_seed(seed))
+    return rebuild_dataloader(dataloader, sampler)
+
+
+def rebuild_dataloader(dataloader: DataLoader, sampler: Sampler[int]) -> DataLoader:
+    """The same loader (batch size, workers, collate, ...) drawing its indices from `sampler`."""
     return DataLoader(dataloader.dataset, sampler=sampler, **_public_fields(dataloader))
 
 

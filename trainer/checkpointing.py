@@ -76,9 +76,17 @@ def describe_mismatch(expected: dict[str, Any], found: dict[str, Any], shown: in
     return "; ".join(parts) or "the state_dict does not load"
 
 
+def restore_callbacks(trainer: Any, module: Any, checkpoint: dict[str, Any]) -> None:
+    """Right after the weights, before `configure_optimizers` (Lightning's order): the module's
+    `on_load_checkpoint`, then each callback's, then the callbacks' saved states."""
+    trainer.callback_list.call_module("on_load_checkpoint", module, checkpoint)
+    trainer.callback_list.call_callbacks("on_load_checkpoint", trainer, module, checkpoint)
+    trainer.callback_list.load_state_dict(checkpoint.get("callbacks", {}))
+
+
 def restore_training_state(trainer: Any, module: Any, checkpoint: dict[str, Any], path: str) -> None:
-    """Optimizers, schedulers, scaler, loop position, callbacks, RNG: everything but weights."""
-    trainer.callback_list.call("on_load_checkpoint", trainer, module, checkpoint)
+    """Optimizers, schedulers, scaler, loop position, RNG: what `configure_optimizers` built and
+    the loop's position."""
     optimizer_states = checkpoint.get("optimizer_states")
     if optimizer_states is None:
         raise CheckpointError(f"{path!r} holds weights only (save_weights_only=True); it cannot resume training. "
@@ -91,7 +99,6 @@ def restore_training_state(trainer: Any, module: Any, checkpoint: dict[str, Any]
     for config, state in zip(trainer.lr_scheduler_configs, checkpoint.get("lr_schedulers", [])):
         config.scheduler.load_state_dict(state)
     trainer.precision_plugin.load_state_dict(checkpoint.get("precision", {}))
-    trainer.callback_list.load_state_dict(checkpoint.get("callbacks", {}))
     trainer.metric_store.load_state_dict(checkpoint.get("metrics", {}))
     trainer.loop_state.load_state_dict(checkpoint.get("loops", {}))
     if trainer.datamodule is not None and "datamodule" in checkpoint and hasattr(trainer.datamodule, "load_state_dict"):

@@ -70,7 +70,7 @@ class TrainerConfig:
     enable_telemetry: bool = True
     deterministic: bool = False
     fast_dev_run: Any = False  # bool or int number of batches
-    num_sanity_val_steps: int = 0
+    num_sanity_val_steps: int = 2  # Lightning's default; 0 turns the check off
     use_distributed_sampler: bool = True
     benchmark: Optional[bool] = None
 

@@ -70,12 +70,17 @@ class _Entry:
     weight: float = 0.0
     metric: Any = None  # a torchmetrics.Metric: computed (and synced) by itself at epoch end
     pending_epoch: bool = field(default=False)
+    suffix: str = ""  # "/dataloader_idx_N" when logged from one of several evaluation dataloaders
+
+    @property
+    def full_name(self) -> str:
+        return self.name + self.suffix
 
     def keys(self) -> tuple[str, str]:
-        """(step key, epoch key) as the logger sees them."""
+        """(step key, epoch key) as the logger sees them (Lightning: `name_step/dataloader_idx_0`)."""
         if self.on_step and self.on_epoch:
-            return f"{self.name}_step", f"{self.name}_epoch"
-        return self.name, self.name
+            return f"{self.name}_step{self.suffix}", f"{self.name}_epoch{self.suffix}"
+        return self.full_name, self.full_name
 
 
 class MetricStore:
@@ -93,6 +98,7 @@ class MetricStore:
         self._pending_steps: dict[str, tuple[_Entry, torch.Tensor]] = {}
         self._warned: set[tuple[str, str]] = set()
         self.current_batch_size: int | None = None
+        self.dataloader_idx: int | None = None  # set by the evaluation loop when it has several loaders
         self.callback_metrics: dict[str, torch.Tensor] = {}
         self.progress_bar_metrics: dict[str, float] = {}
         self.logged_metrics: dict[str, float] = {}
@@ -100,12 +106,23 @@ class MetricStore:
     # ------------------------------------------------------------------ logging
     def log(self, fx: str, name: str, value: Any, prog_bar: bool = False, logger: bool = True,
             on_step: bool | None = None, on_epoch: bool | None = None, reduce_fx: Any = "mean",
-            sync_dist: bool = False, batch_size: int | None = None) -> None:
+            sync_dist: bool = False, batch_size: int | None = None, add_dataloader_idx: bool = True) -> None:
         stage = stage_of(fx)
         step_default = fx in _STEP_HOOKS
-        entry = self._entry(fx, name, stage, on_step if on_step is not None else step_default,
-                            on_epoch if on_epoch is not None else not step_default,
-                            prog_bar, logger, reduce_fx, sync_dist)
+        on_step = on_step if on_step is not None else step_default
+        on_epoch = on_epoch if on_epoch is not None else not step_default
+        if not on_step and not on_epoch:
+            raise ValueError(f"self.log({name!r}, on_step=False, on_epoch=False) logs nothing: set one of them True.")
+        if fx.endswith("_epoch_end") or fx in ("on_train_end", "on_fit_end", "on_train_start", "on_fit_start",
+                                                "on_validation_end", "on_test_end", "on_validation_start",
+                                                "on_test_start", "on_train_epoch_start", "on_validation_epoch_start",
+                                                "on_test_epoch_start"):
+            if on_step:
+                raise ValueError(f"self.log({name!r}, on_step=True) in {fx}: there is no step here; use "
+                                 "on_step=False, on_epoch=True.")
+        suffix = f"/dataloader_idx_{self.dataloader_idx}" \
+            if add_dataloader_idx and self.dataloader_idx is not None and stage != "train" else ""
+        entry = self._entry(fx, name, stage, on_step, on_epoch, prog_bar, logger, reduce_fx, sync_dist, suffix)
         if _is_metric(value):
             self._log_metric_object(entry, value)
             return
@@ -128,14 +145,12 @@ class MetricStore:
         self._publish(entry, key, tensor, to_logger=True)
 
     def _entry(self, fx: str, name: str, stage: str, on_step: bool, on_epoch: bool, prog_bar: bool,
-               logger: bool, reduce_fx: Any, sync_dist: bool) -> _Entry:
-        if reduce_fx not in _REDUCE_NAMES:
-            raise ValueError(f"self.log({name!r}, reduce_fx={reduce_fx!r}): expected one of 'mean', 'sum', 'max', "
-                             "'min' (or torch.mean/sum/max/min).")
-        entry = self._entries.get((stage, name))
+               logger: bool, reduce_fx: Any, sync_dist: bool, suffix: str = "") -> _Entry:
+        reduce_name = _reduce_name(name, reduce_fx)
+        entry = self._entries.get((stage, name + suffix))
         if entry is None:
-            entry = _Entry(name, stage, on_step, on_epoch, prog_bar, logger, _REDUCE_NAMES[reduce_fx], sync_dist)
-            self._entries[(stage, name)] = entry
+            entry = _Entry(name, stage, on_step, on_epoch, prog_bar, logger, reduce_name, sync_dist, suffix=suffix)
+            self._entries[(stage, name + suffix)] = entry
         return entry
 
     def _log_metric_object(self, entry: _Entry, metric: Any) -> None:
@@ -164,9 +179,9 @@ class MetricStore:
     def _publish(self, entry: _Entry, key: str, value: torch.Tensor, to_logger: bool) -> None:
         scalar = value.detach().float().cpu()
         self.callback_metrics[key] = scalar
-        self.callback_metrics[entry.name] = scalar
+        self.callback_metrics[entry.full_name] = scalar
         if entry.prog_bar:
-            self.progress_bar_metrics[entry.name] = float(scalar)
+            self.progress_bar_metrics[key] = float(scalar)
         if to_logger and entry.logger:
             self._step_logs[key] = float(scalar)
 
@@ -193,6 +208,36 @@ class MetricStore:
             if entry.metric is not None and hasattr(entry.metric, "reset"):
                 entry.metric.reset()
 
+    def reset_metric_objects(self, stage: str) -> None:
+        """Reset the torchmetrics objects `stage` logged, once its epoch-end hooks have run: a hook
+        such as `on_validation_epoch_end` may still call `metric.compute()` (Lightning's order)."""
+        for (entry_stage, _), entry in self._entries.items():
+            if entry_stage == stage and entry.metric is not None and hasattr(entry.metric, "reset"):
+                entry.metric.reset()
+
+    def clear_views(self) -> None:
+        """Empty the three metrics dicts and the logger queue (a new stage starts, or the sanity
+        check ended: Lightning keeps nothing of it)."""
+        self.callback_metrics.clear()
+        self.progress_bar_metrics.clear()
+        self.logged_metrics.clear()
+        self._step_logs.clear()
+        self._pending_steps.clear()
+        self._entries.clear()
+
+    def stage_results(self, stage: str, dataloader_idx: int | None) -> dict[str, float]:
+        """What `validate()`/`test()` return for one dataloader: its epoch-level values, plus those
+        logged without a dataloader (in the epoch-end hooks), as in Lightning."""
+        suffix = f"/dataloader_idx_{dataloader_idx}" if dataloader_idx is not None else None
+        results = {}
+        for (entry_stage, _), entry in sorted(self._entries.items()):
+            if entry_stage != stage or not entry.on_epoch or (entry.suffix and entry.suffix != suffix):
+                continue
+            key = entry.keys()[1]
+            if key in self.callback_metrics:
+                results[key] = float(self.callback_metrics[key])
+        return results
+
     def compute_epoch(self, stage: str) -> None:
         """Aggregate what `stage` logged since the last call and publish it: plain values in one
         collective, then torchmetrics objects (each syncs itself), in sorted key order, so every
@@ -203,10 +248,12 @@ class MetricStore:
         for entry in due:
             entry.pending_epoch = False
         plain = [entry for entry in due if entry.metric is None]
-        values = dict(zip((entry.name for entry in plain), self._plain_epoch_values(plain)))
+        values = dict(zip((entry.full_name for entry in plain), self._plain_epoch_values(plain)))
         for entry in due:
-            value = values[entry.name] if entry.metric is None else self._metric_epoch_value(entry)
+            value = values[entry.full_name] if entry.metric is None else self._metric_epoch_value(entry)
             self._publish(entry, entry.keys()[1], value, to_logger=True)
+            if stage != "train" and entry.on_step and entry.on_epoch:
+                self.callback_metrics.pop(entry.keys()[0], None)  # evaluation keeps only the epoch value
 
     def _plain_epoch_values(self, entries: list[_Entry]) -> list[torch.Tensor]:
         """Epoch values of self.log'd numbers; the sync_dist ones reduced in one collective.
@@ -231,9 +278,7 @@ class MetricStore:
 
     @staticmethod
     def _metric_epoch_value(entry: _Entry) -> torch.Tensor:
-        value = _as_scalar(entry.name, entry.metric.compute())  # torchmetrics syncs its states here
-        entry.metric.reset()
-        return value
+        return _as_scalar(entry.name, entry.metric.compute())  # torchmetrics syncs its states here
 
     def _reduce_many(self, requests: list[_Request]) -> list[torch.Tensor]:
         """Reduce scalars of mixed ops over ranks in ONE all-reduce: sums stacked as they are,
@@ -280,6 +325,16 @@ class MetricStore:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.callback_metrics.update(state.get("callback_metrics", {}))
+
+
+def _reduce_name(name: str, reduce_fx: Any) -> str:
+    """Lightning's spellings: "mean"/"avg", "sum", "max", "min" (any case) or torch.mean/sum/max/min."""
+    key = reduce_fx.lower() if isinstance(reduce_fx, str) else reduce_fx
+    key = "mean" if key == "avg" else key
+    if key not in _REDUCE_NAMES:
+        raise ValueError(f"self.log({name!r}, reduce_fx={reduce_fx!r}): expected one of 'mean', 'sum', 'max', "
+                         "'min' (or torch.mean/sum/max/min).")
+    return _REDUCE_NAMES[key]
 
 
 def _accumulated(entry: _Entry) -> torch.Tensor:

@@ -124,9 +124,77 @@ class LightningModule(nn.Module):
     def configure_callbacks(self) -> list[Any]:
         return []
 
+    # ------------------------------------------------------------------ hooks (override what you need)
+    def prepare_data(self) -> None: ...
+    def setup(self, stage: str) -> None: ...
+    def teardown(self, stage: str) -> None: ...
+    def configure_model(self) -> None: ...
+    def on_fit_start(self) -> None: ...
+    def on_fit_end(self) -> None: ...
+    def on_train_start(self) -> None: ...
+    def on_train_end(self) -> None: ...
+    def on_train_epoch_start(self) -> None: ...
+    def on_train_epoch_end(self) -> None: ...
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> Any: ...
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None: ...
+    def on_validation_start(self) -> None: ...
+    def on_validation_end(self) -> None: ...
+    def on_validation_epoch_start(self) -> None: ...
+    def on_validation_epoch_end(self) -> None: ...
+    def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
+    def on_validation_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
+    def on_test_start(self) -> None: ...
+    def on_test_end(self) -> None: ...
+    def on_test_epoch_start(self) -> None: ...
+    def on_test_epoch_end(self) -> None: ...
+    def on_test_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
+    def on_test_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
+    def on_predict_start(self) -> None: ...
+    def on_predict_end(self) -> None: ...
+    def on_predict_epoch_start(self) -> None: ...
+    def on_predict_epoch_end(self) -> None: ...
+    def on_predict_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
+    def on_predict_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
+    def on_before_backward(self, loss: torch.Tensor) -> None: ...
+    def on_after_backward(self) -> None: ...
+    def on_before_optimizer_step(self, optimizer: Any) -> None: ...
+    def on_before_zero_grad(self, optimizer: Any) -> None: ...
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None: ...
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None: ...
+
+    def on_validation_model_zero_grad(self) -> None:
+        self.zero_grad()
+
+    def on_validation_model_eval(self) -> None:
+        self.trainer.model.eval()
+
+    def on_validation_model_train(self) -> None:
+        self.trainer.model.train()  # called only when overridden; the loop restores modes itself
+
+    def on_test_model_eval(self) -> None:
+        self.trainer.model.eval()
+
+    def on_test_model_train(self) -> None:
+        self.trainer.model.train()
+
+    def on_predict_model_eval(self) -> None:
+        self.trainer.model.eval()
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        return batch
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        from trainer.precision import move_to_device
+
+        return move_to_device(batch, device)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        return batch
+
     # ------------------------------------------------------------------ optimisation hooks
     def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-        self.trainer.strategy.backward(loss)
+        """The backward pass itself; the strategy reduces the gradients it produces."""
+        loss.backward(*args, **kwargs)
 
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
         optimizer.step(closure=optimizer_closure)
@@ -142,7 +210,8 @@ class LightningModule(nn.Module):
 
     def configure_gradient_clipping(self, optimizer: Any, gradient_clip_val: float | None = None,
                                     gradient_clip_algorithm: str | None = None) -> None:
-        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val,
+                            gradient_clip_algorithm=gradient_clip_algorithm)
 
     # ------------------------------------------------------------------ API shared with PL modules
     def log(self, name: str, value: Any, **kwargs: Any) -> None:
@@ -158,7 +227,7 @@ class LightningModule(nn.Module):
         return lr_schedulers(self)
 
     def manual_backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-        manual_backward(self, loss)
+        manual_backward(self, loss, *args, **kwargs)
 
     def clip_gradients(self, optimizer: Any, gradient_clip_val: float | None = None,
                        gradient_clip_algorithm: str | None = None) -> None:
@@ -204,9 +273,12 @@ def log(module: nn.Module, name: str, value: Any, **kwargs: Any) -> None:
     trainer = getattr(module, "_trainer", None)
     if trainer is None:
         return  # Lightning also ignores logging outside a Trainer (with a warning).
+    if getattr(trainer, "barebones", False):
+        raise RuntimeError("self.log() does nothing under Trainer(barebones=True): logging is off in barebones "
+                           "mode. Remove barebones=True, or the self.log calls.")
     fx = getattr(module, "_current_fx_name", None) or "training_step"
     trainer.metric_store.log(fx, name, value, **{k: v for k, v in kwargs.items()
-                                                 if k not in ("enable_graph", "sync_dist_group", "add_dataloader_idx",
+                                                 if k not in ("enable_graph", "sync_dist_group",
                                                               "metric_attribute", "rank_zero_only")})
 
 
@@ -230,14 +302,35 @@ def lr_schedulers(module: nn.Module) -> Any:
     return schedulers[0] if len(schedulers) == 1 else schedulers
 
 
-def manual_backward(module: nn.Module, loss: torch.Tensor) -> None:
-    """Manual optimization's backward: precision scaling and the strategy's gradient sync."""
+def manual_backward(module: nn.Module, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+    """Manual optimization's backward (Lightning's order): precision scaling, on_before_backward,
+    the module's `backward` hook with `args`/`kwargs` (e.g. retain_graph=True) under the
+    strategy's gradient sync, on_after_backward."""
+    from trainer.loops.training_step import backward
+
     trainer = _trainer_of(module)
-    trainer.strategy.backward(trainer.precision_plugin.scale_loss(loss))
+    if getattr(module, "automatic_optimization", True):
+        raise RuntimeError("manual_backward() is for manual optimization: set `self.automatic_optimization = False` "
+                           "in __init__, or return the loss from training_step.")
+    backward(trainer, module, loss, *args, **kwargs)
 
 
 def clip_gradients(module: nn.Module, optimizer: Any, gradient_clip_val: float | None = None,
                    gradient_clip_algorithm: str | None = None) -> None:
+    """Clip the optimizer's gradients; a value left as None takes the Trainer's argument. Passing
+    values here while the Trainer also sets them is ambiguous and raises, as in Lightning."""
+    trainer = getattr(module, "_trainer", None)
+    trainer_val = getattr(trainer, "gradient_clip_val", None)
+    trainer_algorithm = getattr(trainer, "gradient_clip_algorithm", None)
+    if gradient_clip_val is not None and trainer_val is not None and gradient_clip_val != trainer_val:
+        raise ValueError(f"clip_gradients(gradient_clip_val={gradient_clip_val}) conflicts with "
+                         f"Trainer(gradient_clip_val={trainer_val}); set it in one place only.")
+    if gradient_clip_algorithm is not None and trainer_algorithm is not None \
+            and gradient_clip_algorithm != trainer_algorithm:
+        raise ValueError(f"clip_gradients(gradient_clip_algorithm={gradient_clip_algorithm!r}) conflicts with "
+                         f"Trainer(gradient_clip_algorithm={trainer_algorithm!r}); set it in one place only.")
+    gradient_clip_val = gradient_clip_val if gradient_clip_val is not None else trainer_val
+    gradient_clip_algorithm = gradient_clip_algorithm or trainer_algorithm
     if gradient_clip_val is None or gradient_clip_val <= 0:
         return
     parameters = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]

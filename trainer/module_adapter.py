@@ -29,10 +29,12 @@ _BOUND_API = {
 }
 
 
-def check_module(module: Any) -> None:
-    """Fail early, naming what is missing, if `module` cannot be trained by our Trainer."""
+def check_module(module: Any, stage: str = "fit") -> None:
+    """Fail early, naming what is missing, if `module` cannot run `stage` in our Trainer."""
     if not isinstance(module, nn.Module):
-        raise TypeError(f"Trainer.fit expects a LightningModule, got {type(module).__name__}.")
+        raise TypeError(f"Trainer.{stage} expects a LightningModule, got {type(module).__name__}.")
+    if stage != "fit":
+        return
     missing = [name for name in ("training_step", "configure_optimizers") if not callable(getattr(module, name, None))]
     if missing:
         raise TypeError(f"{type(module).__name__} cannot be trained: it has no {' or '.join(missing)}(). "

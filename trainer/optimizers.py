@@ -100,10 +100,30 @@ class ManualOptimizer:
         object.__setattr__(self, "__class__",
                            type(f"Manual{type(optimizer).__name__}", (ManualOptimizer, type(optimizer)), {}))
 
-    def step(self, closure: Any = None) -> Any:
-        result = self._trainer.precision_plugin.optimizer_for_step(self.optimizer).step(closure=closure)
-        self._trainer.loop_state.global_step += 1
+    def step(self, closure: Any = None, **kwargs: Any) -> Any:
+        """In manual optimization (Lightning's order): the closure, `on_before_optimizer_step`,
+        the update, and one more `global_step`. In automatic optimization the loop hands this
+        wrapper to `optimizer_step` with a closure that already runs those hooks, and counts."""
+        trainer = self._trainer
+        manual = not bool(getattr(trainer.lightning_module, "automatic_optimization", True))
+        if manual:
+            closure = self._with_step_hooks(closure)
+        result = trainer.precision_plugin.optimizer_for_step(self.optimizer).step(closure=closure, **kwargs)
+        if manual:
+            trainer.loop_state.global_step += 1
         return result
+
+    def _with_step_hooks(self, closure: Any) -> Any:
+        trainer, optimizer = self._trainer, self.optimizer
+
+        def run_closure_then_hooks() -> Any:
+            with torch.enable_grad():
+                result = closure() if closure is not None else None
+            module = trainer.lightning_module
+            trainer.callback_list.call("on_before_optimizer_step", trainer, module, optimizer)
+            return result
+
+        return run_closure_then_hooks
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)

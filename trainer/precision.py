@@ -81,9 +81,10 @@ class _ScaledOptimizer:
         self._optimizer = optimizer
         self._scaler = scaler
 
-    def step(self, closure: Any = None) -> Any:
-        result = closure() if closure is not None else None
-        self._scaler.step(self._optimizer)
+    def step(self, closure: Any = None, **kwargs: Any) -> Any:
+        with torch.enable_grad():
+            result = closure() if closure is not None else None
+        self._scaler.step(self._optimizer, **kwargs)
         self._scaler.update()
         return result
 
@@ -103,6 +104,9 @@ def _map_tensors(data: Any, fn: Any) -> Any:
 
 
 def move_to_device(batch: Any, device: torch.device) -> Any:
-    """Move every tensor in a (nested) batch to `device`."""
+    """Move every tensor in a (nested) batch to `device`; an object with its own `.to(device)`
+    (a custom batch class) moves itself, as in Lightning."""
     non_blocking = device.type == "cuda"
+    if not isinstance(batch, (torch.Tensor, dict, list, tuple)) and callable(getattr(batch, "to", None)):
+        return batch.to(device)
     return _map_tensors(batch, lambda t: t.to(device, non_blocking=non_blocking))

@@ -1,7 +1,10 @@
 """What every worker runs for one stage: attach, set up data and model, loop, tear down.
 
 `run_stage` is the function `Trainer` hands to `strategy.launch`; it returns global rank 0's
-`StageResult` so the launching process can adopt the outcome.
+`StageResult` so the launching process can adopt the outcome. The order of the set-up hooks is
+Lightning's: configure_callbacks, prepare_data, setup (DataModule, callbacks, module),
+configure_model, the checkpoint's weights and callback states, configure_optimizers, the
+checkpoint's training state, on_fit_start.
 """
 
 from __future__ import annotations
@@ -14,38 +17,44 @@ import torch
 from torch import nn
 
 from strategies.checkpoint_io import CheckpointError
+from strategies.rank_zero import rank_zero_warn
 from trainer import checkpointing
-from trainer.loops.evaluation import has_step, run_evaluation, run_predict
+from trainer.callbacks.dispatch import adopt_callback, checkpoints_last
+from trainer.loops.evaluation import has_step, print_results, run_evaluation, run_predict
 from trainer.loops.fit_loop import run_fit
 from trainer.module_adapter import attach, automatic_optimization, check_module, detach
-from trainer.callbacks.dispatch import checkpoints_last
 from trainer.optimizers import ManualOptimizer, init_optimizers
 from trainer.seed import SEED_ENV, seed_everything
+from trainer.validation import apply_backend_flags
 
-_STAGE_NAMES = {"fit": "fit", "validate": "validate", "test": "test", "predict": "predict"}
-_LOADER_HOOKS = {"fit": "train_dataloader", "validate": "val_dataloader", "test": "test_dataloader",
-                 "predict": "predict_dataloader"}
+_DATA_STAGE = {"validate": "validate", "test": "test", "predict": "predict"}
 
 
 def run_stage(trainer: Any, stage: str, model: nn.Module, data: dict[str, Any]) -> Any:
     from trainer.trainer import StageResult
 
-    check_module(model)
+    check_module(model, stage)
     launcher_pid = data.pop("launcher_pid", None)
     if launcher_pid != os.getpid():
         _reseed_worker()
+        apply_backend_flags(trainer.deterministic, trainer.benchmark)
     trainer.lightning_module, trainer.datamodule = model, data.get("datamodule")
-    trainer.state.fn = stage
+    trainer.state.fn, trainer.state.stage = stage, None
+    trainer.data.reset({"train": data.get("train_dataloaders"), "validate": data.get("val_dataloaders")}
+                       if stage == "fit" else {_DATA_STAGE[stage]: data.get("dataloaders")})
+    trainer.metric_store.clear_views()
     attach(model, trainer)
     if trainer.datamodule is not None:
         trainer.datamodule.trainer = trainer
-    if trainer.deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=True)
-    extra = model.configure_callbacks() if callable(getattr(model, "configure_callbacks", None)) else []
-    callbacks = trainer.callback_list.callbacks
-    callbacks[:] = checkpoints_last(callbacks + [c for c in extra or [] if c not in callbacks])
+    _add_module_callbacks(trainer, model)
+    interrupted = False
     try:
         output = _run(trainer, stage, model, data)
+    except KeyboardInterrupt as error:
+        interrupted, output = True, None
+        rank_zero_warn("Trainer stopped by KeyboardInterrupt (Ctrl-C); the model keeps the weights it had then.")
+        trainer.callback_list.call("on_exception", trainer, model, error)
+        _finalize_loggers(trainer, "failed")
     except BaseException as error:
         trainer.callback_list.call("on_exception", trainer, model, error)
         _finalize_loggers(trainer, "failed")
@@ -59,10 +68,22 @@ def run_stage(trainer: Any, stage: str, model: nn.Module, data: dict[str, Any]) 
                          callback_states=trainer.callback_list.state_dict(),
                          callback_metrics=dict(trainer.callback_metrics),
                          logged_metrics=dict(trainer.logged_metrics),
-                         progress_bar_metrics=dict(trainer.progress_bar_metrics))
+                         progress_bar_metrics=dict(trainer.progress_bar_metrics), interrupted=interrupted)
     if launcher_pid != os.getpid():
         result.state_dict = {k: v.detach().cpu() for k, v in trainer.strategy.unwrap(model).state_dict().items()}
     return result
+
+
+def _add_module_callbacks(trainer: Any, model: nn.Module) -> None:
+    """`configure_callbacks()` of the module: each replaces the Trainer's callbacks of its type
+    (Lightning's rule), the rest are added; checkpointing stays last."""
+    extra = trainer.callback_list.call_module("configure_callbacks", model)
+    if not extra:
+        return
+    extra = [adopt_callback(callback) for callback in (extra if isinstance(extra, (list, tuple)) else [extra])]
+    replaced = {type(callback) for callback in extra}
+    kept = [c for c in trainer.callback_list.callbacks if type(c) not in replaced and c not in extra]
+    trainer.callback_list.callbacks[:] = checkpoints_last(kept + extra)
 
 
 def _reseed_worker() -> None:
@@ -74,58 +95,64 @@ def _reseed_worker() -> None:
 
 def _run(trainer: Any, stage: str, model: nn.Module, data: dict[str, Any]) -> Any:
     callbacks, strategy = trainer.callback_list, trainer.strategy
-    _prepare_data(trainer, model, stage)
+    _prepare_data(trainer, model)
+    if trainer.datamodule is not None:
+        trainer.datamodule.setup(stage)
     callbacks.call("setup", trainer, model, stage=stage)
+    callbacks.call_module("configure_model", model)
     module = strategy.setup_module(trainer.precision_plugin.convert_module(model))
     trainer.lightning_module = module
+    ckpt_path = data.get("ckpt_path")
     if stage == "fit":
-        output = _fit(trainer, module, data)
+        output = _fit(trainer, module, ckpt_path)
     elif stage == "predict":
-        loaders = _loaders(trainer, module, stage, data.get("dataloaders"))
-        _restore_weights(trainer, module, data.get("ckpt_path"))
-        trainer.state.stage = "predict"
-        output = run_predict(trainer, module, loaders)
+        trainer.ckpt_path = _restore_weights(trainer, module, ckpt_path)
+        output = run_predict(trainer, module, trainer.data.request(trainer, "predict"))
     else:
-        output = _evaluate(trainer, module, stage, data)
+        output = _evaluate(trainer, module, stage, ckpt_path, data.get("verbose", True))
     callbacks.call("teardown", trainer, module, stage=stage)
     if trainer.datamodule is not None:
         trainer.datamodule.teardown(stage)
     return output
 
 
-def _fit(trainer: Any, module: nn.Module, data: dict[str, Any]) -> None:
-    train_loader = _single_loader(_loaders(trainer, module, "fit", data.get("train_dataloaders")))
-    val_loaders = _loaders(trainer, module, "validate", data.get("val_dataloaders"), required=False)
+def _fit(trainer: Any, module: nn.Module, ckpt_path: str | None) -> None:
+    checkpoint, path = _load_for_fit(trainer, ckpt_path)
+    trainer.ckpt_path = path
+    if checkpoint is not None:
+        checkpointing.restore_module(trainer.strategy.unwrap(module), checkpoint, path)
+        checkpointing.restore_callbacks(trainer, module, checkpoint)
     _configure_optimizers(trainer, module)
-    _restore_for_fit(trainer, module, data.get("ckpt_path"))
+    if checkpoint is not None:
+        checkpointing.restore_training_state(trainer, module, checkpoint, path)
     _log_hyperparams(trainer, module)
     _print_summary(trainer, module)
     callbacks = trainer.callback_list
     callbacks.call("on_fit_start", trainer, module)
-    trainer.state.stage = "train"
-    run_fit(trainer, module, train_loader, val_loaders)
+    module.zero_grad()
+    with torch.autograd.set_detect_anomaly(trainer.detect_anomaly):
+        run_fit(trainer, module)
     callbacks.call("on_fit_end", trainer, module)
     _finalize_loggers(trainer, "success")
 
 
-def _evaluate(trainer: Any, module: nn.Module, stage: str, data: dict[str, Any]) -> list[dict[str, float]]:
+def _evaluate(trainer: Any, module: nn.Module, stage: str, ckpt_path: str | None,
+              verbose: bool) -> list[dict[str, float]]:
     if not has_step(module, stage):
         step = "validation_step" if stage == "validate" else "test_step"
         raise NotImplementedError(f"Trainer.{stage}() needs {type(module).__name__}.{step}(batch, batch_idx).")
-    loaders = _loaders(trainer, module, stage, data.get("dataloaders"))
-    _restore_weights(trainer, module, data.get("ckpt_path"))
-    trainer.state.stage = stage
-    trainer.num_val_batches = [len(loader) for loader in loaders if hasattr(loader, "__len__")]
+    trainer.ckpt_path = _restore_weights(trainer, module, ckpt_path)
+    loaders = trainer.data.request(trainer, stage)
     results = run_evaluation(trainer, module, loaders, stage)
     _finalize_loggers(trainer, "success")
-    if results and results[0] and trainer.is_global_zero and stage == "test":
-        trainer.print(f"{stage} results: " + ", ".join(f"{k}={v:.4f}" for k, v in results[0].items()))
+    if verbose and results and any(results) and trainer.is_global_zero:
+        print_results(stage, results)
     return results
 
 
 # ---------------------------------------------------------------------- data
-def _prepare_data(trainer: Any, module: nn.Module, stage: str) -> None:
-    """`prepare_data` once per node (local rank 0), then `setup(stage)` on every rank."""
+def _prepare_data(trainer: Any, module: nn.Module) -> None:
+    """`prepare_data` once per node (local rank 0) while the other ranks wait."""
     datamodule = trainer.datamodule
     if trainer.local_rank == 0:
         for owner in (datamodule, module):
@@ -133,44 +160,6 @@ def _prepare_data(trainer: Any, module: nn.Module, stage: str) -> None:
                 with trainer.strategy.local_work(f"{type(owner).__name__}.prepare_data()"):
                     owner.prepare_data()  # a download may take minutes while the other ranks wait
     trainer.strategy.barrier("prepare_data")
-    if datamodule is not None:
-        datamodule.setup(stage)
-
-
-def _loaders(trainer: Any, module: nn.Module, stage: str, given: Any, required: bool = True) -> list[Any]:
-    hook = _LOADER_HOOKS[stage]
-    loaders = given if given is not None else _from_hooks(trainer, module, hook)
-    if loaders is None:
-        if required:
-            raise ValueError(f"Trainer.{stage}() found no data: pass dataloaders, a datamodule with {hook}(), "
-                             f"or implement {hook}() on the module.")
-        return []
-    loaders = list(loaders) if isinstance(loaders, (list, tuple)) else [loaders]
-    if trainer.use_distributed_sampler:
-        loaders = [trainer.strategy.process_dataloader(loader, for_training=stage == "fit") for loader in loaders]
-    return loaders
-
-
-def _from_hooks(trainer: Any, module: nn.Module, hook: str) -> Any:
-    for owner in (trainer.datamodule, module):
-        if owner is not None and _overrides(owner, hook):
-            return getattr(owner, hook)()
-    return None
-
-
-def _overrides(owner: Any, hook: str) -> bool:
-    """True when `owner` implements `hook` itself rather than inheriting a base class's default."""
-    method = getattr(type(owner), hook, None)
-    if method is None:
-        return False
-    defined_in = method.__qualname__.split(".")[0]
-    return defined_in not in ("LightningDataModule", "LightningModule", "DataHooks")
-
-
-def _single_loader(loaders: list[Any]) -> Any:
-    if len(loaders) != 1:
-        raise ValueError(f"fit() takes one training dataloader; got {len(loaders)}.")
-    return loaders[0]
 
 
 # ---------------------------------------------------------------------- optimizers and checkpoints
@@ -183,44 +172,55 @@ def _configure_optimizers(trainer: Any, module: nn.Module) -> None:
         raise ValueError("configure_optimizers() returned no optimizer; automatic optimization needs one.")
     trainer.optimizers, trainer.lr_scheduler_configs = optimizers, schedulers
     trainer.wrapped_optimizers = [ManualOptimizer(optimizer, trainer) for optimizer in optimizers]
-    for optimizer in optimizers:
-        optimizer.zero_grad(set_to_none=True)
 
 
-def _restore_for_fit(trainer: Any, module: nn.Module, ckpt_path: str | None) -> None:
+def _checkpoint_dirs(trainer: Any) -> list[str]:
+    dirs = [getattr(cb, "dirpath", None) or os.path.join(trainer.log_dir, "checkpoints")
+            for cb in trainer.checkpoint_callbacks]
+    return [d for d in dirs if d]
+
+
+def _load_for_fit(trainer: Any, ckpt_path: str | None) -> tuple[dict[str, Any] | None, str | None]:
+    """The checkpoint `fit` resumes from: a path, "last" (newest readable one), "best", or None."""
     if ckpt_path is None and trainer.strategy.restart_count > 0:
         ckpt_path = "last"  # an elastic restart resumes from the newest checkpoint by itself
-    dirs = [cb.dirpath or os.path.join(trainer.log_dir, "checkpoints") for cb in trainer.checkpoint_callbacks]
-    for path in checkpointing.resolve_ckpt_path(ckpt_path, [d for d in dirs if d]):
+    if ckpt_path == "best":
+        ckpt_path = _best_path(trainer)
+    for path in checkpointing.resolve_ckpt_path(ckpt_path, _checkpoint_dirs(trainer)):
         try:
-            checkpoint = _load(trainer, path)
+            return _load(trainer, path), path
         except CheckpointError as error:
             if ckpt_path != "last":
                 raise
             warnings.warn(f"ckpt_path='last': skipping unreadable {path}: {error}", stacklevel=2)
-            continue
-        checkpointing.restore_module(trainer.strategy.unwrap(module), checkpoint, path)
-        checkpointing.restore_training_state(trainer, module, checkpoint, path)
-        return
     if ckpt_path == "last":
-        warnings.warn(f"ckpt_path='last' found no readable checkpoint in {dirs}; training starts from scratch.",
-                      stacklevel=2)
+        warnings.warn(f"ckpt_path='last' found no readable checkpoint in {_checkpoint_dirs(trainer)}; training "
+                      "starts from scratch.", stacklevel=2)
+    return None, None
 
 
-def _restore_weights(trainer: Any, module: nn.Module, ckpt_path: str | None) -> None:
+def _best_path(trainer: Any) -> str:
+    callback = trainer.checkpoint_callback
+    path = getattr(callback, "best_model_path", None) or None
+    if not path:
+        raise CheckpointError("ckpt_path='best' but no best checkpoint is known: fit with a ModelCheckpoint first "
+                              "(with a `monitor`, or it keeps the last one), or pass a checkpoint file.")
+    return path
+
+
+def _restore_weights(trainer: Any, module: nn.Module, ckpt_path: str | None) -> str | None:
+    """Load the weights `validate`/`test`/`predict` were asked to use; returns the file used."""
     if ckpt_path is None:
-        return
+        return None
     if ckpt_path == "best":
-        callback = trainer.checkpoint_callback
-        ckpt_path = getattr(callback, "best_model_path", None) or None
-        if not ckpt_path:
-            raise CheckpointError("ckpt_path='best' but no best checkpoint is known; fit with a ModelCheckpoint first.")
+        paths = [_best_path(trainer)]
     else:
-        paths = checkpointing.resolve_ckpt_path(ckpt_path, [cb.dirpath for cb in trainer.checkpoint_callbacks
-                                                             if cb.dirpath])
-        ckpt_path = paths[0] if paths else None
-    if ckpt_path is not None:
-        checkpointing.restore_module(trainer.strategy.unwrap(module), _load(trainer, ckpt_path), ckpt_path)
+        paths = checkpointing.resolve_ckpt_path(ckpt_path, _checkpoint_dirs(trainer))
+    if not paths:
+        return None
+    checkpoint = _load(trainer, paths[0])
+    checkpointing.restore_module(trainer.strategy.unwrap(module), checkpoint, paths[0])
+    return paths[0]
 
 
 def _load(trainer: Any, path: str) -> dict[str, Any]:
@@ -231,13 +231,15 @@ def _load(trainer: Any, path: str) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------- reporting
 def _log_hyperparams(trainer: Any, module: nn.Module) -> None:
-    if not trainer.is_global_zero or not getattr(module, "_log_hyperparams", True):
+    if not trainer.is_global_zero or not trainer.enable_autolog_hparams or not getattr(module, "_log_hyperparams", True):
         return
     hparams = dict(getattr(module, "hparams", {}) or {})
     if trainer.datamodule is not None:
         hparams.update(dict(getattr(trainer.datamodule, "hparams", {}) or {}))
     for logger in trainer.loggers:
         logger.log_hyperparams(hparams)
+        if callable(getattr(logger, "save", None)):
+            logger.save()
 
 
 def _print_summary(trainer: Any, module: nn.Module) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 
@@ -26,23 +26,41 @@ class LoopState:
     # Every rank's RNG states from a checkpoint, restored by the fit loop at the exact point of
     # the interrupted run (after the resumed epoch's iterator is rebuilt), not when loading.
     rng_to_restore: dict[str, Any] | None = None
+    is_last_batch: bool = False  # the batch being run is its epoch's last (Lightning's trainer.is_last_batch)
+    # Batches that ended with an optimizer step (Lightning's `_batches_that_stepped`): the step
+    # metrics are logged at; in manual optimization one per batch, however many optimizers stepped.
+    stepped_batches: int = 0
+    train_loader_epoch: int = 0  # the epoch the training loader was last requested in (never saved)
 
     def state_dict(self) -> dict[str, Any]:
-        transient = ("stage", "should_stop", "rng_to_restore", "resume_sample_offset")
+        transient = ("stage", "should_stop", "rng_to_restore", "resume_sample_offset", "is_last_batch",
+                     "train_loader_epoch")
         return {k: v for k, v in asdict(self).items() if k not in transient}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key in ("current_epoch", "global_step", "batch_in_epoch", "epoch_finished", "samples_in_epoch",
-                    "world_size"):
+                    "world_size", "stepped_batches"):
             if key in state:
                 setattr(self, key, state[key])
+        if "stepped_batches" not in state:  # a checkpoint from before the counter: one step per stepped batch
+            self.stepped_batches = self.global_step
 
 
 @dataclass
 class TrainerStatus:
-    """What the trainer is doing right now (Lightning's `trainer.state`)."""
+    """What the trainer is doing right now (Lightning's `trainer.state`): `status` is one of
+    "initializing", "running", "finished", "interrupted"; `fn` the entry point ("fit", "validate",
+    "test", "predict"); `stage` the loop running ("train", "sanity_check", "validate", "test",
+    "predict"). Plain strings compare equal to Lightning's string enums."""
 
     fn: str | None = None
     stage: str | None = None
-    finished: bool = False
-    extras: dict[str, Any] = field(default_factory=dict)
+    status: str = "initializing"
+
+    @property
+    def finished(self) -> bool:
+        return self.status == "finished"
+
+    @property
+    def stopped(self) -> bool:
+        return self.status in ("finished", "interrupted")

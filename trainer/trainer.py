@@ -8,6 +8,7 @@ weights, exactly as with a single process.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,16 +18,16 @@ from torch import nn
 
 from strategies import Strategy, resolve_strategy
 from strategies.checkpoint_io import CheckpointError
-from trainer.callbacks.base import Callback
-from trainer.callbacks.dispatch import CallbackList, checkpoints_last
+from trainer.callbacks.dispatch import CallbackList, adopt_callback, checkpoints_last, is_early_stopping, is_progress_bar
 from trainer.checkpointing import build_checkpoint
 from trainer.logged_metrics import MetricStore
-from trainer.loggers.base import Logger
+from trainer.data_sources import DataSources, is_datamodule
+from trainer.loggers.base import is_logger
 from trainer.optimizers import LRSchedulerConfig
 from trainer.precision import Precision, normalize_precision
 from trainer.run import run_stage
 from trainer.state import LoopState, TrainerStatus
-from trainer.validation import validate_trainer_args
+from trainer.validation import apply_backend_flags, resolve_trainer_args
 
 
 @dataclass
@@ -41,73 +42,100 @@ class StageResult:
     callback_metrics: dict[str, Any] = field(default_factory=dict)
     logged_metrics: dict[str, float] = field(default_factory=dict)
     progress_bar_metrics: dict[str, float] = field(default_factory=dict)
+    interrupted: bool = False
 
 
 class Trainer:
-    """Runs Lightning-style training with a pluggable `Strategy` (see docs/trainer-contract.md)."""
+    """Runs Lightning-style training with a pluggable `Strategy` (see docs/trainer-contract.md).
+
+    The arguments are Lightning 2.6's, keyword-only, with its defaults; `None` means "Lightning's
+    default" where Lightning uses `None` that way. Beyond Lightning: `enable_telemetry` and
+    `on_nonfinite`."""
 
     def __init__(
         self,
+        *,
         accelerator: str = "auto",
+        strategy: str | Strategy = "auto",
         devices: int | str = "auto",
         num_nodes: int = 1,
-        strategy: str | Strategy = "auto",
-        precision: str | int = "32-true",
+        precision: str | int | None = None,
+        logger: Any = None,
+        callbacks: Any = None,
+        fast_dev_run: bool | int = False,
         max_epochs: int | None = None,
+        min_epochs: int | None = None,
         max_steps: int = -1,
+        min_steps: int | None = None,
+        max_time: Any = None,
+        limit_train_batches: float | int | None = None,
+        limit_val_batches: float | int | None = None,
+        limit_test_batches: float | int | None = None,
+        limit_predict_batches: float | int | None = None,
+        overfit_batches: float | int = 0.0,
+        val_check_interval: float | int | None = None,
+        check_val_every_n_epoch: int | None = 1,
+        num_sanity_val_steps: int | None = None,
+        log_every_n_steps: int | None = None,
+        enable_checkpointing: bool | None = None,
+        enable_progress_bar: bool | None = None,
+        enable_model_summary: bool | None = None,
         accumulate_grad_batches: int = 1,
         gradient_clip_val: float | None = None,
-        gradient_clip_algorithm: str = "norm",
-        val_check_interval: float | int = 1.0,
-        check_val_every_n_epoch: int | None = 1,
-        limit_train_batches: float | int = 1.0,
-        limit_val_batches: float | int = 1.0,
-        limit_test_batches: float | int = 1.0,
-        limit_predict_batches: float | int = 1.0,
-        log_every_n_steps: int = 50,
-        callbacks: list[Callback] | Callback | None = None,
-        logger: Logger | list[Logger] | bool | None = True,
-        default_root_dir: str | os.PathLike[str] | None = None,
-        enable_progress_bar: bool = True,
-        enable_checkpointing: bool = True,
-        enable_model_summary: bool = True,
-        enable_telemetry: bool = True,
-        deterministic: bool = False,
-        fast_dev_run: bool | int = False,
-        num_sanity_val_steps: int = 0,
-        use_distributed_sampler: bool = True,
+        gradient_clip_algorithm: str | None = None,
+        deterministic: bool | str | None = None,
         benchmark: bool | None = None,
+        inference_mode: bool = True,
+        use_distributed_sampler: bool = True,
+        profiler: Any = None,
+        detect_anomaly: bool = False,
+        barebones: bool = False,
+        plugins: Any = None,
+        sync_batchnorm: bool = False,
+        reload_dataloaders_every_n_epochs: int = 0,
+        default_root_dir: str | os.PathLike[str] | None = None,
+        enable_autolog_hparams: bool = True,
+        model_registry: str | None = None,
+        enable_telemetry: bool = True,
         on_nonfinite: str = "error",
     ) -> None:
-        devices = 1 if devices == "auto" else devices
-        validate_trainer_args(locals())
+        args = resolve_trainer_args(locals())
+        self.barebones = barebones
         self.default_root_dir = os.fspath(default_root_dir) if default_root_dir is not None else os.getcwd()
-        self.num_devices, self.num_nodes = int(devices), int(num_nodes)
-        self.precision = normalize_precision(precision)
+        self.num_devices, self.num_nodes = int(args["devices"]), int(num_nodes)
+        self.precision = normalize_precision(args["precision"])
         self.fast_dev_run = int(fast_dev_run)
         self.max_epochs = 1 if self.fast_dev_run else (max_epochs if max_epochs is not None or max_steps >= 0 else 1000)
+        self.min_epochs, self.min_steps = min_epochs, min_steps
         self.max_steps = self.fast_dev_run or max_steps
+        self.max_time = args["max_time"]
         self.accumulate_grad_batches = accumulate_grad_batches
-        self.gradient_clip_val, self.gradient_clip_algorithm = gradient_clip_val, gradient_clip_algorithm
-        self.val_check_interval = 1.0 if self.fast_dev_run else val_check_interval
+        self.gradient_clip_val = gradient_clip_val
+        self.gradient_clip_algorithm = gradient_clip_algorithm
+        self.val_check_interval = 1.0 if self.fast_dev_run else args["val_check_interval"]
         self.check_val_every_n_epoch = check_val_every_n_epoch
-        limit = self.fast_dev_run or None
-        self.limit_train_batches = limit or limit_train_batches
-        self.limit_val_batches = limit or limit_val_batches
-        self.limit_test_batches = limit or limit_test_batches
-        self.limit_predict_batches = limit or limit_predict_batches
-        self.log_every_n_steps = 1 if self.fast_dev_run else log_every_n_steps
+        self.overfit_batches = overfit_batches
+        self.limit_train_batches = args["limit_train_batches"]
+        self.limit_val_batches = args["limit_val_batches"]
+        self.limit_test_batches = args["limit_test_batches"]
+        self.limit_predict_batches = args["limit_predict_batches"]
+        self.num_sanity_val_steps = 0 if self.fast_dev_run else args["num_sanity_val_steps"]
+        self.log_every_n_steps = 1 if self.fast_dev_run else args["log_every_n_steps"]
         self.deterministic, self.benchmark = deterministic, benchmark
-        self.enable_model_summary = enable_model_summary
+        self.inference_mode, self.detect_anomaly = inference_mode, detect_anomaly
+        self.enable_model_summary = args["enable_model_summary"]
+        self.enable_autolog_hparams = enable_autolog_hparams
         self.use_distributed_sampler = use_distributed_sampler
+        self.reload_dataloaders_every_n_epochs = reload_dataloaders_every_n_epochs
         self.on_nonfinite = on_nonfinite
+        apply_backend_flags(deterministic, benchmark)
 
-        self.strategy = resolve_strategy(strategy, self.num_devices, self.num_nodes)
+        self.strategy = resolve_strategy(strategy, self.num_devices, self.num_nodes, sync_batchnorm=sync_batchnorm)
         self.strategy.configure(accelerator=None if accelerator == "auto" else accelerator,
                                 devices=self.num_devices, num_nodes=self.num_nodes)
-        self.loggers = self._build_loggers(logger)
-        self.callback_list = CallbackList(self._build_callbacks(callbacks, enable_checkpointing, enable_progress_bar,
-                                                                enable_telemetry))
+        self.loggers = self._build_loggers(args["logger"])
+        self.callback_list = CallbackList(self._build_callbacks(
+            callbacks, args["enable_checkpointing"], args["enable_progress_bar"], enable_telemetry and not barebones))
         self.loop_state = LoopState()
         self.state = TrainerStatus()
         self.metric_store = MetricStore(self.strategy.reduce, ranks=self.strategy)
@@ -117,13 +145,18 @@ class Trainer:
         self.lr_scheduler_configs: list[LRSchedulerConfig] = []
         self.lightning_module: nn.Module | None = None
         self.datamodule: Any = None
-        self.num_training_batches: int = 0
-        self.num_val_batches: list[int] = []
-        self.interrupted = False
+        self.data = DataSources()
+        self.num_training_batches: int | float = float("inf")
+        self.num_val_batches: list[int | float] = []
+        self.num_test_batches: list[int | float] = []
+        self.num_predict_batches: list[int | float] = []
+        self.num_sanity_val_batches: list[int | float] = []
+        self.ckpt_path: str | None = None
+        self.received_sigterm = False
 
     # ------------------------------------------------------------------ construction helpers
-    def _build_loggers(self, logger: Logger | list[Logger] | bool | None) -> list[Logger]:
-        if self.fast_dev_run or logger is None or logger is False:
+    def _build_loggers(self, logger: Any) -> list[Any]:
+        if self.fast_dev_run or self.barebones or logger is None or logger is False:
             return []
         if logger is True:
             from trainer.loggers import TensorBoardLogger
@@ -131,14 +164,15 @@ class Trainer:
             return [TensorBoardLogger(save_dir=self.default_root_dir)]
         loggers = list(logger) if isinstance(logger, (list, tuple)) else [logger]
         for item in loggers:
-            if not isinstance(item, Logger):
-                raise TypeError(f"logger must be a trainer.loggers.Logger, a list of them, True or False; "
+            if not is_logger(item):
+                raise TypeError(f"logger must be a Logger (ours or Lightning's), a list of them, True or False; "
                                 f"got {type(item).__name__}.")
         return loggers
 
-    def _build_callbacks(self, callbacks: list[Callback] | Callback | None, checkpointing: bool,
-                         progress_bar: bool, telemetry: bool) -> list[Callback]:
-        result = [callbacks] if isinstance(callbacks, Callback) else list(callbacks or [])
+    def _build_callbacks(self, callbacks: Any, checkpointing: bool, progress_bar: bool,
+                         telemetry: bool) -> list[Any]:
+        given = [callbacks] if callbacks is not None and not isinstance(callbacks, (list, tuple)) else list(callbacks or [])
+        result = [adopt_callback(callback) for callback in given]
         if not isinstance(telemetry, bool):
             raise TypeError(f"enable_telemetry must be True or False, got {telemetry!r}.")
         if telemetry and not self.fast_dev_run:
@@ -149,51 +183,80 @@ class Trainer:
         if checkpointing and not self.fast_dev_run:
             from trainer.callbacks import ModelCheckpoint
 
-            if not any(isinstance(c, ModelCheckpoint) for c in result):
+            if not any(hasattr(c, "best_model_path") for c in result):
                 result.append(ModelCheckpoint())
         if progress_bar:
             from trainer.callbacks import TQDMProgressBar
 
-            if not any(isinstance(c, TQDMProgressBar) for c in result):
+            if not any(is_progress_bar(c) for c in result):
                 result.append(TQDMProgressBar())
         return checkpoints_last(result)
 
     # ------------------------------------------------------------------ entry points
     def fit(self, model: nn.Module, train_dataloaders: Any = None, val_dataloaders: Any = None,
-            datamodule: Any = None, ckpt_path: str | None = None) -> None:
+            datamodule: Any = None, ckpt_path: str | None = None, weights_only: bool | None = None) -> None:
         """Train `model`; afterwards it holds the trained weights (also after multi-process runs)."""
+        datamodule = _split_datamodule(train_dataloaders, datamodule)
+        train_dataloaders = None if datamodule is train_dataloaders else train_dataloaders
         self._launch("fit", model, dict(train_dataloaders=train_dataloaders, val_dataloaders=val_dataloaders,
                                         datamodule=datamodule, ckpt_path=ckpt_path))
 
     def validate(self, model: nn.Module | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
-                 datamodule: Any = None, verbose: bool = True) -> list[dict[str, float]]:
-        return self._launch("validate", model, dict(dataloaders=dataloaders, datamodule=datamodule,
-                                                    ckpt_path=ckpt_path))
+                 verbose: bool = True, datamodule: Any = None, weights_only: bool | None = None) -> list[dict[str, float]]:
+        return self._evaluate_entry("validate", model, dataloaders, ckpt_path, verbose, datamodule)
 
     def test(self, model: nn.Module | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
-             datamodule: Any = None, verbose: bool = True) -> list[dict[str, float]]:
-        return self._launch("test", model, dict(dataloaders=dataloaders, datamodule=datamodule, ckpt_path=ckpt_path))
+             verbose: bool = True, datamodule: Any = None, weights_only: bool | None = None) -> list[dict[str, float]]:
+        return self._evaluate_entry("test", model, dataloaders, ckpt_path, verbose, datamodule)
 
     def predict(self, model: nn.Module | None = None, dataloaders: Any = None, datamodule: Any = None,
-                ckpt_path: str | None = None) -> Any:
-        return self._launch("predict", model, dict(dataloaders=dataloaders, datamodule=datamodule,
-                                                   ckpt_path=ckpt_path))
+                return_predictions: bool | None = None, ckpt_path: str | None = None,
+                weights_only: bool | None = None) -> Any:
+        datamodule = _split_datamodule(dataloaders, datamodule)
+        dataloaders = None if datamodule is dataloaders else dataloaders
+        output = self._launch("predict", model, dict(dataloaders=dataloaders, datamodule=datamodule,
+                                                     ckpt_path=ckpt_path))
+        return output if return_predictions is not False else None
+
+    def _evaluate_entry(self, stage: str, model: nn.Module | None, dataloaders: Any, ckpt_path: str | None,
+                        verbose: bool, datamodule: Any) -> list[dict[str, float]]:
+        datamodule = _split_datamodule(dataloaders, datamodule)
+        dataloaders = None if datamodule is dataloaders else dataloaders
+        if model is None and self.lightning_module is not None and ckpt_path is None and stage != "fit":
+            ckpt_path = "best" if self.checkpoint_callback is not None and self._fitted else None
+        return self._launch(stage, model, dict(dataloaders=dataloaders, datamodule=datamodule, ckpt_path=ckpt_path,
+                                               verbose=verbose))
 
     def _launch(self, stage: str, model: nn.Module | None, data: dict[str, Any]) -> Any:
-        model = model if model is not None else self.lightning_module
+        if model is None:
+            model = self.lightning_module
+        elif stage != "fit" and self.lightning_module is not None and model is not self.lightning_module:
+            self._fitted = False
         if model is None:
             raise TypeError(f"Trainer.{stage}() needs a model: pass one, or call fit(model) first.")
         ckpt_path = data.get("ckpt_path")
-        if ckpt_path not in (None, "last", "best") and not os.path.isfile(ckpt_path):
-            raise CheckpointError(f"ckpt_path={ckpt_path!r} does not exist; pass a checkpoint file, 'last' or None.")
+        if ckpt_path not in (None, "last", "best", "registry") and not os.path.isfile(ckpt_path):
+            raise CheckpointError(f"ckpt_path={ckpt_path!r} does not exist; pass a checkpoint file, 'best', 'last' "
+                                  "or None.")
+        if data.get("datamodule") is None:
+            data["datamodule"] = self.datamodule if model is self.lightning_module else None
         for logger in self.loggers:
             _ = logger.version  # decided here, once, so every worker writes to the same directory
         data = {**data, "launcher_pid": os.getpid()}
-        result: StageResult = self.strategy.launch(run_stage, self, stage, model, data)
+        self.state.status = "running"
+        try:
+            result: StageResult = self.strategy.launch(run_stage, self, stage, model, data)
+        except BaseException:
+            self.state.status = "interrupted"
+            raise
         if result.pid != os.getpid():
             self._absorb(result, model)
         self.lightning_module = model
+        self._fitted = self._fitted or stage == "fit"
+        self.state.status = "interrupted" if result.interrupted else "finished"
         return result.output
+
+    _fitted = False
 
     def _absorb(self, result: StageResult, model: nn.Module) -> None:
         """Apply rank 0's outcome to this (launching) process."""
@@ -201,26 +264,34 @@ class Trainer:
             model.load_state_dict(result.state_dict)
         self.loop_state.load_state_dict(result.loop_state)
         self.callback_list.load_state_dict(result.callback_states)
+        self.metric_store.callback_metrics.clear()
         self.metric_store.callback_metrics.update(result.callback_metrics)
+        self.metric_store.logged_metrics.clear()
         self.metric_store.logged_metrics.update(result.logged_metrics)
+        self.metric_store.progress_bar_metrics.clear()
         self.metric_store.progress_bar_metrics.update(result.progress_bar_metrics)
 
     # ------------------------------------------------------------------ used by loops and callbacks
-    def save_checkpoint(self, filepath: str | os.PathLike[str], weights_only: bool = False) -> None:
+    def save_checkpoint(self, filepath: str | os.PathLike[str], weights_only: bool = False,
+                        storage_options: Any = None) -> None:
         """Collective: every rank calls it; global rank 0 writes atomically; all wait."""
         if self.lightning_module is None:
             raise RuntimeError("save_checkpoint() needs a model attached: call it during or after fit().")
+        if storage_options is not None:
+            raise TypeError("save_checkpoint(storage_options=...) is not supported: our checkpoint I/O writes local "
+                            "files; pass a CheckpointIO to the strategy to write elsewhere.")
         module = self.strategy.unwrap(self.lightning_module)
         checkpoint = build_checkpoint(self, module, weights_only)
         self.strategy.save_checkpoint(checkpoint, filepath)
 
-    def write_logger_metrics(self) -> None:
-        """Send what the metric store has due to every logger, on global rank 0 only."""
+    def write_logger_metrics(self, step: int | None = None) -> None:
+        """Send what the metric store has due to every logger, on global rank 0 only, at `step`
+        (default: `logger_step`)."""
         metrics = self.metric_store.pop_logger_metrics()
-        if metrics and self.is_global_zero:
-            metrics = {**metrics, "epoch": float(self.current_epoch)}
+        if metrics and self.is_global_zero and not self.sanity_checking:
+            metrics = {**metrics, "epoch": self.current_epoch}
             for logger in self.loggers:
-                logger.log_metrics(metrics, step=self.logger_step)
+                logger.log_metrics(metrics, step=self.logger_step if step is None else step)
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         if self.is_global_zero:
@@ -229,9 +300,9 @@ class Trainer:
     # ------------------------------------------------------------------ read-only state
     @property
     def logger_step(self) -> int:
-        """The step that metrics are logged at: the index of the last optimizer step (0 before any),
-        as in Lightning, so a run's curves line up with the same run under Lightning."""
-        return max(0, self.global_step - 1)
+        """The step that metrics are logged at: the number of batches that stepped before the current
+        one (Lightning's count), so a run's curves line up with the same run under Lightning."""
+        return self.loop_state.stepped_batches
 
     @property
     def global_step(self) -> int:
@@ -248,6 +319,20 @@ class Trainer:
     @should_stop.setter
     def should_stop(self, value: bool) -> None:
         self.loop_state.should_stop = bool(value)
+
+    @property
+    def is_last_batch(self) -> bool:
+        return self.loop_state.is_last_batch
+
+    @property
+    def interrupted(self) -> bool:
+        return self.state.status == "interrupted"
+
+    @property
+    def model(self) -> nn.Module | None:
+        """The module the strategy trains (Lightning: the wrapped model; ours is the module itself,
+        with the gradient reducer attached to its parameters)."""
+        return self.lightning_module
 
     @property
     def global_rank(self) -> int:
@@ -270,7 +355,15 @@ class Trainer:
         return self.strategy.is_global_zero
 
     @property
-    def callbacks(self) -> list[Callback]:
+    def device_ids(self) -> list[int]:
+        return list(range(self.num_devices))
+
+    @property
+    def accelerator(self) -> str:
+        return self.strategy.root_device.type
+
+    @property
+    def callbacks(self) -> list[Any]:
         return self.callback_list.callbacks
 
     @property
@@ -278,7 +371,7 @@ class Trainer:
         return self.metric_store.callback_metrics
 
     @property
-    def logged_metrics(self) -> dict[str, float]:
+    def logged_metrics(self) -> dict[str, Any]:
         return self.metric_store.logged_metrics
 
     @property
@@ -286,13 +379,20 @@ class Trainer:
         return self.metric_store.progress_bar_metrics
 
     @property
-    def logger(self) -> Logger | None:
+    def logger(self) -> Any:
         return self.loggers[0] if self.loggers else None
+
+    @logger.setter
+    def logger(self, logger: Any) -> None:
+        self.loggers = [] if logger is None else [logger]
 
     @property
     def log_dir(self) -> str:
         logger = self.logger
-        return (logger.log_dir if logger is not None else None) or self.default_root_dir
+        directory = getattr(logger, "log_dir", None) if logger is not None else None
+        if directory is None and logger is not None:
+            directory = getattr(logger, "save_dir", None)
+        return os.fspath(directory) if directory is not None else self.default_root_dir
 
     @property
     def checkpoint_callbacks(self) -> list[Any]:
@@ -304,49 +404,119 @@ class Trainer:
         return found[0] if found else None
 
     @property
-    def early_stopping_callback(self) -> Any:
-        from trainer.callbacks import EarlyStopping
+    def early_stopping_callbacks(self) -> list[Any]:
+        return [c for c in self.callbacks if is_early_stopping(c)]
 
-        found = self.callback_list.of_type(EarlyStopping)
+    @property
+    def early_stopping_callback(self) -> Any:
+        found = self.early_stopping_callbacks
         return found[0] if found else None
 
     @property
     def progress_bar_callback(self) -> Any:
-        from trainer.callbacks import TQDMProgressBar
-
-        found = self.callback_list.of_type(TQDMProgressBar)
+        found = [c for c in self.callbacks if is_progress_bar(c)]
         return found[0] if found else None
 
     @property
-    def estimated_stepping_batches(self) -> int:
-        per_epoch = max(1, self.num_training_batches // self.accumulate_grad_batches)
-        by_epochs = per_epoch * self.max_epochs if self.max_epochs not in (None, -1) else None
-        candidates = [n for n in (by_epochs, self.max_steps if self.max_steps >= 0 else None) if n is not None]
-        return min(candidates) if candidates else -1
+    def enable_validation(self) -> bool:
+        return self.data.val_defined(self) and self.limit_val_batches != 0
+
+    @property
+    def train_dataloader(self) -> Any:
+        return self.data.loaders.get("train")
+
+    @property
+    def val_dataloaders(self) -> Any:
+        return _one_or_list(self.data.loaders.get("validate"))
+
+    @property
+    def test_dataloaders(self) -> Any:
+        return _one_or_list(self.data.loaders.get("test"))
+
+    @property
+    def predict_dataloaders(self) -> Any:
+        return _one_or_list(self.data.loaders.get("predict"))
+
+    @property
+    def estimated_stepping_batches(self) -> int | float:
+        """Optimizer steps this fit will take (Lightning's estimate, also inside configure_optimizers)."""
+        per_epoch = self.num_training_batches
+        if per_epoch == float("inf") and self.state.fn == "fit" and self.lightning_module is not None:
+            per_epoch = self.data.count_training_batches(self)
+        if per_epoch == float("inf"):
+            return float("inf") if self.max_steps == -1 else self.max_steps
+        steps = max(1, math.ceil(per_epoch / self.accumulate_grad_batches)) if per_epoch else 0
+        if self.max_epochs in (None, -1):
+            return float("inf") if self.max_steps == -1 else self.max_steps
+        total = steps * self.max_epochs
+        return total if self.max_steps == -1 else min(total, self.max_steps)
 
     @property
     def training(self) -> bool:
         return self.state.stage == "train"
 
+    @training.setter
+    def training(self, value: bool) -> None:
+        self._set_stage("train", value)
+
     @property
     def validating(self) -> bool:
         return self.state.stage == "validate"
+
+    @validating.setter
+    def validating(self, value: bool) -> None:
+        self._set_stage("validate", value)
 
     @property
     def testing(self) -> bool:
         return self.state.stage == "test"
 
+    @testing.setter
+    def testing(self, value: bool) -> None:
+        self._set_stage("test", value)
+
     @property
     def predicting(self) -> bool:
         return self.state.stage == "predict"
 
+    @predicting.setter
+    def predicting(self, value: bool) -> None:
+        self._set_stage("predict", value)
+
     @property
     def sanity_checking(self) -> bool:
-        return False
+        return self.state.stage == "sanity_check"
+
+    @sanity_checking.setter
+    def sanity_checking(self, value: bool) -> None:
+        self._set_stage("sanity_check", value)
+
+    @property
+    def evaluating(self) -> bool:
+        return self.state.stage in ("validate", "test", "sanity_check")
+
+    def _set_stage(self, stage: str, value: bool) -> None:
+        if value:
+            self.state.stage = stage
+        elif self.state.stage == stage:
+            self.state.stage = None
 
     def __getstate__(self) -> dict[str, Any]:
         # The module travels to workers as its own argument; the trainer never carries it.
         state = self.__dict__.copy()
         state.update(lightning_module=None, datamodule=None, optimizers=[], wrapped_optimizers=[],
-                     lr_scheduler_configs=[])
+                     lr_scheduler_configs=[], data=DataSources())
         return state
+
+
+def _split_datamodule(loaders: Any, datamodule: Any) -> Any:
+    """Lightning lets a DataModule be passed where the dataloaders go; tell them apart."""
+    if datamodule is None and loaders is not None and is_datamodule(loaders):
+        return loaders
+    return datamodule
+
+
+def _one_or_list(loaders: list[Any] | None) -> Any:
+    if loaders is None:
+        return None
+    return loaders[0] if len(loaders) == 1 else loaders

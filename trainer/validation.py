@@ -1,19 +1,122 @@
-"""Trainer argument checks: fail in __init__, before any process starts, naming the argument."""
+"""Trainer argument checks: fail in __init__, before any process starts, naming the argument.
+
+`resolve_trainer_args` also turns Lightning's `None` ("the default") into the value it stands
+for, and applies `barebones` and `overfit_batches`, so the Trainer stores plain values.
+"""
 
 from __future__ import annotations
 
+import re
+from datetime import timedelta
 from typing import Any
+
+import torch
 
 from trainer.precision import normalize_precision
 
 _ALGORITHMS = ("norm", "value")
+# Switched off by barebones=True; passing one of them switched on together with it is an error.
+_BAREBONES_OFF = {"enable_checkpointing": False, "logger": False, "enable_progress_bar": False,
+                  "enable_model_summary": False, "log_every_n_steps": 0, "num_sanity_val_steps": 0}
+_DEFAULTS = {"precision": "32-true", "logger": True, "enable_checkpointing": True, "enable_progress_bar": True,
+             "enable_model_summary": True, "log_every_n_steps": 50, "num_sanity_val_steps": 2,
+             "val_check_interval": 1.0, "limit_train_batches": 1.0, "limit_val_batches": 1.0,
+             "limit_test_batches": 1.0, "limit_predict_batches": 1.0, "gradient_clip_algorithm": None}
+_UNSUPPORTED = {
+    "profiler": "profile with torch.profiler inside your module, or read the per-step telemetry "
+                "(enable_telemetry=True)",
+    "plugins": "pass precision=... for precision and a Strategy(checkpoint_io=...) for checkpoint I/O",
+    "model_registry": "upload checkpoints from ModelCheckpoint's dirpath yourself",
+}
+
+
+def resolve_trainer_args(args: dict[str, Any]) -> dict[str, Any]:
+    """Validate every argument and return them with Lightning's defaults filled in."""
+    resolved = {key: value for key, value in args.items() if key != "self"}
+    for name, hint in _UNSUPPORTED.items():
+        if resolved[name] not in (None, [], ()):
+            raise ValueError(f"Trainer({name}={resolved[name]!r}) is not supported by this Trainer; {hint}.")
+    if resolved["barebones"]:
+        _apply_barebones(resolved)
+    for name, default in _DEFAULTS.items():
+        if resolved[name] is None:
+            resolved[name] = default
+    resolved["devices"] = 1 if resolved["devices"] == "auto" else resolved["devices"]
+    resolved["max_time"] = parse_duration("max_time", resolved["max_time"])
+    _apply_fast_dev_run_and_overfit(resolved)
+    validate_trainer_args(resolved)
+    return resolved
+
+
+def _apply_barebones(args: dict[str, Any]) -> None:
+    for name, off in _BAREBONES_OFF.items():
+        value = args[name]
+        if value is not None and value is not False and value != 0:
+            raise ValueError(f"Trainer(barebones=True, {name}={value!r}): barebones mode switches {name} off (it "
+                             "costs speed); drop one of the two.")
+        args[name] = off
+    for name in ("fast_dev_run", "detect_anomaly"):
+        if args[name]:
+            raise ValueError(f"Trainer(barebones=True, {name}={args[name]!r}): barebones mode measures raw speed; "
+                             f"drop one of the two.")
+
+
+def _apply_fast_dev_run_and_overfit(args: dict[str, Any]) -> None:
+    """fast_dev_run=n runs n batches of each stage; overfit_batches=k trains and validates on the
+    same first k batches (a float: that fraction of the batches)."""
+    fast = args["fast_dev_run"]
+    if fast is not True and fast is not False and (not isinstance(fast, int) or fast < 0):
+        raise ValueError(f"fast_dev_run={fast!r}; expected a bool or an int >= 0.")
+    overfit = args["overfit_batches"]
+    _check_limit("overfit_batches", overfit)
+    if fast:
+        for name in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches"):
+            args[name] = int(fast)
+        args["num_sanity_val_steps"] = 0
+    elif overfit:
+        args["limit_train_batches"] = args["limit_val_batches"] = overfit
+
+
+def parse_duration(name: str, value: Any) -> timedelta | None:
+    """Lightning's duration forms: "DD:HH:MM:SS", a timedelta, or a dict of timedelta's arguments."""
+    if value is None or isinstance(value, timedelta):
+        return value
+    if isinstance(value, dict):
+        try:
+            return timedelta(**value)
+        except TypeError as error:
+            raise ValueError(f"{name}={value!r}: {error}; use keys such as days, hours, minutes, seconds.") from None
+    if isinstance(value, str):
+        match = re.fullmatch(r"(\d+):(\d\d):(\d\d):(\d\d)", value.strip())
+        if match:
+            days, hours, minutes, seconds = (int(part) for part in match.groups())
+            return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+    raise ValueError(f"{name}={value!r}; expected 'DD:HH:MM:SS' (e.g. '00:12:00:00'), a datetime.timedelta or a "
+                     "dict such as {'hours': 12}.")
+
+
+def apply_backend_flags(deterministic: bool | str | None, benchmark: bool | None) -> None:
+    """Lightning's meaning: `benchmark=None` leaves cuDNN's autotuner as it is unless `deterministic`
+    asks for reproducibility (then it is switched off); `deterministic=True` (or "warn") makes torch
+    pick deterministic kernels (erroring, or warning, where none exists)."""
+    if deterministic not in (None, True, False, "warn"):
+        raise ValueError(f"deterministic={deterministic!r}; expected None, True, False or 'warn'.")
+    if benchmark is not None and not isinstance(benchmark, bool):
+        raise TypeError(f"benchmark={benchmark!r}; expected None, True or False.")
+    if benchmark is None:
+        benchmark = False if deterministic else torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = benchmark
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=deterministic == "warn")
 
 
 def validate_trainer_args(args: dict[str, Any]) -> None:
     _positive_int(args, "devices")
     _positive_int(args, "num_nodes")
     _positive_int(args, "accumulate_grad_batches")
-    _positive_int(args, "log_every_n_steps")
+    _int(args, "log_every_n_steps")
+    if args["log_every_n_steps"] < 0:
+        raise ValueError(f"log_every_n_steps={args['log_every_n_steps']}; expected an int >= 0 (0: never).")
     normalize_precision(args["precision"])
     if args["max_epochs"] is not None:
         _int(args, "max_epochs")
@@ -25,7 +128,7 @@ def validate_trainer_args(args: dict[str, Any]) -> None:
     clip = args["gradient_clip_val"]
     if clip is not None and (not isinstance(clip, (int, float)) or clip < 0):
         raise ValueError(f"gradient_clip_val={clip!r}; expected None or a number >= 0.")
-    if args["gradient_clip_algorithm"] not in _ALGORITHMS:
+    if args["gradient_clip_algorithm"] not in (None, *_ALGORITHMS):
         raise ValueError(f"gradient_clip_algorithm={args['gradient_clip_algorithm']!r}; expected one of {_ALGORITHMS}.")
     _check_interval(args["val_check_interval"])
     every = args["check_val_every_n_epoch"]
@@ -35,9 +138,15 @@ def validate_trainer_args(args: dict[str, Any]) -> None:
         _check_limit(name, args[name])
     if args["on_nonfinite"] not in ("error", "skip", "ignore"):
         raise ValueError(f"on_nonfinite={args['on_nonfinite']!r}; expected 'error', 'skip' or 'ignore'.")
-    fast = args["fast_dev_run"]
-    if isinstance(fast, bool) is False and (not isinstance(fast, int) or fast < 0):
-        raise ValueError(f"fast_dev_run={fast!r}; expected a bool or an int >= 0.")
+    for name in ("min_epochs", "min_steps"):
+        if args[name] is not None and (not isinstance(args[name], int) or args[name] < 0):
+            raise ValueError(f"{name}={args[name]!r}; expected None or an int >= 0.")
+    sanity = args["num_sanity_val_steps"]
+    if not isinstance(sanity, int) or isinstance(sanity, bool) or sanity < -1:
+        raise ValueError(f"num_sanity_val_steps={sanity!r}; expected -1 (every batch), 0 (off) or a positive int.")
+    reload = args["reload_dataloaders_every_n_epochs"]
+    if not isinstance(reload, int) or isinstance(reload, bool) or reload < 0:
+        raise ValueError(f"reload_dataloaders_every_n_epochs={reload!r}; expected an int >= 0.")
 
 
 def _int(args: dict[str, Any], name: str) -> None:

@@ -30,7 +30,7 @@ class ProbeCallback(Callback):
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.probe.step_end(batch)
         if len(self.probe.ends) == self.probe.total_steps:
-            self.loss = float(outputs.detach())
+            self.loss = float(outputs["loss"].detach())
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         reducer = (trainer.strategy.summary().get("reducer") or {})

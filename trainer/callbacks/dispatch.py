@@ -1,4 +1,9 @@
-"""Fan a hook out to the callbacks (in list order) and then to the module, like Lightning."""
+"""Fan a hook out to the callbacks (in list order) and then to the module, like Lightning.
+
+Callbacks may be ours (`trainer.callbacks.Callback`) or Lightning's (`pytorch_lightning` /
+`lightning.pytorch` `Callback` subclasses): both expose the same hooks with the same
+arguments. Lightning's classes are recognised by name, so Lightning is never imported here.
+"""
 
 from __future__ import annotations
 
@@ -10,25 +15,71 @@ from torch import nn
 from trainer.callbacks.base import Callback
 from trainer.module_adapter import set_current_hook
 
+_LIGHTNING_CALLBACK_MODULES = ("pytorch_lightning.callbacks.callback", "lightning.pytorch.callbacks.callback")
+
+
+def is_lightning_object(obj: Any, class_name: str, modules: Sequence[str]) -> bool:
+    """True when `obj` is an instance of Lightning's `class_name` defined in one of `modules`."""
+    return any(cls.__name__ == class_name and cls.__module__ in modules for cls in type(obj).__mro__)
+
+
+def _class_named(obj: Any, *names: str) -> bool:
+    return any(cls.__name__ in names for cls in type(obj).__mro__)
+
+
+def adopt_callback(callback: Any) -> Any:
+    """Accept our callbacks and Lightning's; refuse anything else naming what was passed."""
+    if isinstance(callback, Callback) or is_lightning_object(callback, "Callback", _LIGHTNING_CALLBACK_MODULES):
+        return callback
+    raise TypeError(f"callbacks must be Callback instances (trainer.callbacks.Callback or Lightning's Callback); "
+                    f"got {type(callback).__name__}.")
+
+
+def is_checkpoint(callback: Any) -> bool:
+    return hasattr(callback, "best_model_path") or _class_named(callback, "Checkpoint")
+
+
+def is_early_stopping(callback: Any) -> bool:
+    return _class_named(callback, "EarlyStopping")
+
+
+def is_progress_bar(callback: Any) -> bool:
+    return _class_named(callback, "TQDMProgressBar", "ProgressBar", "RichProgressBar")
+
+
+def is_monitoring(callback: Any) -> bool:
+    """Checkpointing and early stopping read the epoch's final metrics: at epoch end they run after
+    the module's own hook (which may still log), as in Lightning."""
+    return is_checkpoint(callback) or is_early_stopping(callback)
+
 
 class CallbackList:
     """The Trainer's callbacks. `call(hook, ...)` runs `callback.hook(trainer, module, ...)` for
     each callback, then `module.hook(...)` when the module defines it."""
 
-    def __init__(self, callbacks: Sequence[Callback]) -> None:
-        for callback in callbacks:
-            if not isinstance(callback, Callback):
-                raise TypeError(f"callbacks must be trainer.callbacks.Callback instances; got {type(callback).__name__}.")
-        self.callbacks = list(callbacks)
+    def __init__(self, callbacks: Sequence[Any]) -> None:
+        self.callbacks = [adopt_callback(callback) for callback in callbacks]
 
     def call(self, hook: str, trainer: Any, module: nn.Module, *args: Any, **kwargs: Any) -> Any:
         self.call_callbacks(hook, trainer, module, *args, **kwargs)
         return self.call_module(hook, module, *args, **kwargs)
 
-    def call_callbacks(self, hook: str, trainer: Any, module: nn.Module, *args: Any, **kwargs: Any) -> None:
+    def call_epoch_end(self, hook: str, trainer: Any, module: nn.Module) -> None:
+        """Epoch-end order: other callbacks, the module, then checkpointing and early stopping."""
+        self.call_callbacks(hook, trainer, module, monitoring=False)
+        self.call_module(hook, module)
+        self.call_callbacks(hook, trainer, module, monitoring=True)
+
+    def call_callbacks(self, hook: str, trainer: Any, module: nn.Module, *args: Any,
+                       monitoring: bool | None = None, **kwargs: Any) -> None:
         for callback in self.callbacks:
+            if monitoring is not None and is_monitoring(callback) != monitoring:
+                continue
+            method = getattr(callback, hook, None)
+            if method is None:
+                continue
             set_current_hook(module, hook)
-            getattr(callback, hook)(trainer, module, *args, **kwargs)
+            method(trainer, module, *args, **kwargs)
         set_current_hook(module, None)
 
     @staticmethod
@@ -43,7 +94,12 @@ class CallbackList:
             set_current_hook(module, None)
 
     def state_dict(self) -> dict[str, Any]:
-        return {callback.state_key: callback.state_dict() for callback in self.callbacks}
+        states = {}
+        for callback in self.callbacks:
+            state = callback.state_dict()
+            if state:
+                states[callback.state_key] = state
+        return states
 
     def load_state_dict(self, states: dict[str, Any]) -> None:
         for callback in self.callbacks:
@@ -54,8 +110,8 @@ class CallbackList:
         return [callback for callback in self.callbacks if isinstance(callback, kind)]
 
 
-def checkpoints_last(callbacks: Sequence[Callback]) -> list[Callback]:
+def checkpoints_last(callbacks: Sequence[Any]) -> list[Any]:
     """Checkpoint-saving callbacks run after every other callback (as in Lightning), so a
     checkpoint holds the state other callbacks (EarlyStopping, say) reached in the same hook."""
-    savers = [c for c in callbacks if hasattr(c, "best_model_path")]
+    savers = [c for c in callbacks if is_checkpoint(c)]
     return [c for c in callbacks if c not in savers] + savers

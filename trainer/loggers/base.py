@@ -123,3 +123,9 @@ def save_hparams_yaml(path: str, hparams: Mapping[str, Any]) -> None:
 
 def scalar(value: Any) -> Any:
     return value.item() if isinstance(value, torch.Tensor) and value.numel() == 1 else value
+
+
+def is_logger(obj: Any) -> bool:
+    """Ours or any Lightning `Logger` (anything with Lightning's logger interface)."""
+    return isinstance(obj, Logger) or all(callable(getattr(obj, name, None))
+                                          for name in ("log_metrics", "log_hyperparams", "finalize"))

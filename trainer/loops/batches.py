@@ -43,7 +43,8 @@ def num_batches(trainer: Any, loader: Any, stage: str) -> int:
 
 
 def iterate_limited(trainer: Any, loader: Any, stage: str, skip: int = 0,
-                    on_resumed: Callable[[], None] | None = None, start_at: int = 0) -> Iterator[tuple[int, Any]]:
+                    on_resumed: Callable[[], None] | None = None, start_at: int = 0,
+                    dataloader_idx: int = 0, limit: int | None = None) -> Iterator[tuple[int, Any]]:
     """Yield `(batch_idx, batch on this rank's device)`, stopping at the stage's limit.
 
     `skip` fast-forwards a resumed epoch: skipped batches are drawn from the loader (so the
@@ -52,11 +53,11 @@ def iterate_limited(trainer: Any, loader: Any, stage: str, skip: int = 0,
     else once the finished batches are drawn and before the next one is fetched. `start_at`
     numbers the batches from there without drawing any: the loader's sampler already starts
     mid-epoch (a resume on another number of processes), so its length is what is left.
+    `limit` overrides the stage's batch limit (the sanity check's few batches).
     """
-    limit = num_batches(trainer, loader, stage)
+    limit = num_batches(trainer, loader, stage) if limit is None else limit
     if limit == 0:
         return
-    device = trainer.strategy.root_device
     batches: Iterable[Any] = loader
     if stage == "train" and trainer.world_size > 1 and _may_be_uneven(loader):
         batches = stop_together(trainer.strategy, loader)
@@ -71,9 +72,23 @@ def iterate_limited(trainer: Any, loader: Any, stage: str, skip: int = 0,
     for batch_idx, batch in enumerate(iterator, start=skip + start_at):
         if 0 <= limit <= batch_idx - start_at:
             break
-        batch = trainer.precision_plugin.convert_input(move_to_device(batch, device))
+        batch = transfer_batch(trainer, batch, dataloader_idx)
         trainer.metric_store.current_batch_size = _batch_size(batch)
         yield batch_idx, batch
+
+
+def transfer_batch(trainer: Any, batch: Any, dataloader_idx: int) -> Any:
+    """Lightning's order: precision conversion, then the module's on_before_batch_transfer,
+    transfer_batch_to_device and on_after_batch_transfer hooks (plain device placement for a
+    module without them)."""
+    batch = trainer.precision_plugin.convert_input(batch)
+    module, device = trainer.lightning_module, trainer.strategy.root_device
+    call = trainer.callback_list.call_module
+    if not callable(getattr(module, "transfer_batch_to_device", None)):
+        return move_to_device(batch, device)
+    batch = call("on_before_batch_transfer", module, batch, dataloader_idx)
+    batch = call("transfer_batch_to_device", module, batch, device, dataloader_idx)
+    return call("on_after_batch_transfer", module, batch, dataloader_idx)
 
 
 def _may_be_uneven(loader: Any) -> bool:

@@ -1,4 +1,13 @@
-"""Validation, test and predict loops: eval mode, no gradients, metrics aggregated per epoch.
+"""Validation, test, predict and the sanity check: eval mode, no gradients, metrics per epoch.
+
+Lightning's order for one evaluation::
+
+    [during fit, after a stepping batch: on_validation_model_zero_grad]
+    on_{stage}_model_eval (default: model.eval(); each submodule's mode is restored afterwards)
+    on_{stage}_start; on_{stage}_epoch_start
+    for loader, for batch: batch-transfer hooks; on_{stage}_batch_start; *_step; on_{stage}_batch_end
+    epoch metrics; on_{stage}_epoch_end; metrics logged there; on_{stage}_end
+    on_{stage}_model_train when overridden, else the saved modes put back
 
 Exactly-once evaluation: under DDP each rank iterates an unpadded shard (the strategy's
 `process_dataloader(..., for_training=False)`), so ranks may run different numbers of batches.
@@ -11,13 +20,17 @@ here stay rank-local (see trainer/logged_metrics.py).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
-from trainer.loops.batches import iterate_limited
+from trainer.loops.batches import iterate_limited, num_batches
+from trainer.loops.training_step import takes_batch_idx
 from trainer.module_adapter import set_current_hook
+from trainer.seed import rng_states, restore_rng_states
 
 # stage -> (hook prefix, step method)
 _STAGES = {"validate": ("validation", "validation_step"), "test": ("test", "test_step"),
@@ -28,45 +41,83 @@ def has_step(module: nn.Module, stage: str) -> bool:
     return callable(getattr(module, _STAGES[stage][1], None))
 
 
-def run_evaluation(trainer: Any, module: nn.Module, loaders: list[Any], stage: str) -> list[dict[str, float]]:
-    """Run `validation_step`/`test_step` over every loader; returns Lightning's result list:
-    one dict of epoch-level metrics per dataloader (the same dict for all, as metrics are
-    aggregated over the whole stage)."""
+def run_sanity_check(trainer: Any, module: nn.Module) -> None:
+    """A few validation batches before training (`num_sanity_val_steps`), to fail fast on a broken
+    validation_step. Nothing it logs reaches a logger or the metrics dicts, and the RNG state is
+    put back afterwards, so training is the same with or without it."""
+    callbacks, store = trainer.callback_list, trainer.metric_store
+    saved_rng = rng_states(trainer.strategy.root_device.type)
+    trainer.state.stage = "sanity_check"
+    callbacks.call_callbacks("on_sanity_check_start", trainer, module)
+    loaders = trainer.data.request(trainer, "validate", required=False)
+    steps = trainer.num_sanity_val_steps
+    limits = [num_batches(trainer, loader, "validate") for loader in loaders]
+    limits = [limit if steps == -1 else (steps if limit < 0 else min(steps, limit)) for limit in limits]
+    trainer.num_sanity_val_batches = limits
+    if any(limits):
+        run_evaluation(trainer, module, loaders, "validate", limits=limits)
+    callbacks.call_callbacks("on_sanity_check_end", trainer, module)
+    store.clear_views()
+    trainer.state.stage = None
+    restore_rng_states(saved_rng, trainer.strategy.root_device.type)
+
+
+def run_evaluation(trainer: Any, module: nn.Module, loaders: list[Any], stage: str,
+                   limits: list[int] | None = None) -> list[dict[str, float]]:
+    """Run `validation_step`/`test_step` over every loader; returns Lightning's result list: one dict
+    of epoch-level metrics per dataloader."""
     prefix, step_name = _STAGES[stage]
     callbacks, store = trainer.callback_list, trainer.metric_store
-    was_training = module.training
+    previous_stage = trainer.state.stage
+    if previous_stage != "sanity_check":
+        trainer.state.stage = stage
+    counts = limits if limits is not None else [num_batches(trainer, loader, stage) for loader in loaders]
+    _record_counts(trainer, stage, counts, limits is not None)
+    if not loaders or not any(counts):
+        trainer.state.stage = previous_stage
+        return []
     store.reset_stage(stage)
-    module.eval()
+    modes = _capture_modes(module)
+    callbacks.call_module(f"on_{prefix}_model_eval", module)
     callbacks.call(f"on_{prefix}_start", trainer, module)
     callbacks.call(f"on_{prefix}_epoch_start", trainer, module)
-    with torch.no_grad():
-        for loader_idx, loader in enumerate(loaders):
+    with _no_grad(trainer):
+        for loader_idx, (loader, limit) in enumerate(zip(loaders, counts)):
+            store.dataloader_idx = loader_idx if len(loaders) > 1 else None
             extra = (loader_idx,) if len(loaders) > 1 else ()
-            for batch_idx, batch in iterate_limited(trainer, loader, stage):
+            for batch_idx, batch in iterate_limited(trainer, loader, stage, dataloader_idx=loader_idx, limit=limit):
                 callbacks.call(f"on_{prefix}_batch_start", trainer, module, batch, batch_idx, *extra)
                 output = _step(trainer, module, step_name, batch, batch_idx, extra)
                 callbacks.call(f"on_{prefix}_batch_end", trainer, module, output, batch, batch_idx, *extra)
+    store.dataloader_idx = None
     store.compute_epoch(stage)
     callbacks.call(f"on_{prefix}_epoch_end", trainer, module)
     store.compute_epoch(stage)
+    results = [store.stage_results(stage, idx if len(loaders) > 1 else None) for idx in range(len(loaders))]
+    store.reset_metric_objects(stage)
     trainer.write_logger_metrics()
     callbacks.call(f"on_{prefix}_end", trainer, module)
-    module.train(was_training)
-    return [_stage_results(trainer, stage) for _ in loaders] if loaders else []
+    _restore_train_mode(callbacks, module, prefix, modes)
+    trainer.state.stage = previous_stage
+    return results
 
 
-def run_predict(trainer: Any, module: nn.Module, loaders: list[Any]) -> list[Any]:
+def run_predict(trainer: Any, module: nn.Module, loaders: list[Any]) -> Any:
     """Predictions of this rank, per loader (a single loader gives a flat list)."""
     callbacks = trainer.callback_list
-    module.eval()
+    trainer.state.stage = "predict"
+    counts = [num_batches(trainer, loader, "predict") for loader in loaders]
+    trainer.num_predict_batches = [float("inf") if count < 0 else count for count in counts]
+    modes = _capture_modes(module)
+    callbacks.call_module("on_predict_model_eval", module)
     callbacks.call("on_predict_start", trainer, module)
     callbacks.call("on_predict_epoch_start", trainer, module)
     results: list[list[Any]] = []
-    with torch.no_grad():
+    with _no_grad(trainer):
         for loader_idx, loader in enumerate(loaders):
             extra = (loader_idx,) if len(loaders) > 1 else ()
             outputs = []
-            for batch_idx, batch in iterate_limited(trainer, loader, "predict"):
+            for batch_idx, batch in iterate_limited(trainer, loader, "predict", dataloader_idx=loader_idx):
                 callbacks.call("on_predict_batch_start", trainer, module, batch, batch_idx, *extra)
                 output = _step(trainer, module, "predict_step", batch, batch_idx, extra)
                 callbacks.call("on_predict_batch_end", trainer, module, output, batch, batch_idx, *extra)
@@ -74,18 +125,73 @@ def run_predict(trainer: Any, module: nn.Module, loaders: list[Any]) -> list[Any
             results.append(outputs)
     callbacks.call("on_predict_epoch_end", trainer, module)
     callbacks.call("on_predict_end", trainer, module)
-    return results[0] if len(results) == 1 else results  # type: ignore[return-value]
+    _set_modes(module, modes)
+    return results[0] if len(results) == 1 else results
+
+
+def print_results(stage: str, results: list[dict[str, float]]) -> None:
+    """A small table of what `validate`/`test` returns, one column per dataloader."""
+    keys = sorted({key for result in results for key in result})
+    if not keys:
+        return
+    width = max(len(key) for key in keys) + 2
+    header = f"{stage.capitalize() + ' metric':<{width}}" + "".join(f"DataLoader {i:<8}" for i in range(len(results)))
+    print(header)
+    for key in keys:
+        cells = "".join(f"{results[i][key]:<19.6g}" if key in results[i] else " " * 19 for i in range(len(results)))
+        print(f"{key:<{width}}{cells}")
+
+
+def _record_counts(trainer: Any, stage: str, counts: list[int], sanity: bool) -> None:
+    as_counts = [float("inf") if count < 0 else count for count in counts]
+    if sanity:
+        trainer.num_sanity_val_batches = as_counts
+    elif stage == "validate":
+        trainer.num_val_batches = as_counts
+    else:
+        trainer.num_test_batches = as_counts
+
+
+@contextlib.contextmanager
+def _no_grad(trainer: Any) -> Iterator[None]:
+    """Lightning evaluates under torch.inference_mode by default (`inference_mode=False`: no_grad)."""
+    context = torch.inference_mode() if trainer.inference_mode else torch.no_grad()
+    with context:
+        yield
+
+
+def _capture_modes(module: nn.Module) -> dict[nn.Module, bool]:
+    return {child: child.training for child in module.modules()}
+
+
+def _set_modes(module: nn.Module, modes: dict[nn.Module, bool]) -> None:
+    for child, training in modes.items():
+        child.training = training
+
+
+def _restore_train_mode(callbacks: Any, module: nn.Module, prefix: str, modes: dict[nn.Module, bool]) -> None:
+    """A module that overrides on_{stage}_model_train decides itself; otherwise every submodule gets
+    back the mode it had (so frozen submodules a user put in eval stay there)."""
+    hook = f"on_{prefix}_model_train"
+    if _overridden(module, hook):
+        callbacks.call_module(hook, module)
+    else:
+        _set_modes(module, modes)
+
+
+def _overridden(module: nn.Module, hook: str) -> bool:
+    if hook in module.__dict__:
+        return callable(module.__dict__[hook])
+    method = getattr(type(module), hook, None)
+    return callable(method) and method.__qualname__.split(".")[0] not in ("LightningModule", "ModelHooks")
 
 
 def _step(trainer: Any, module: nn.Module, step_name: str, batch: Any, batch_idx: int, extra: tuple) -> Any:
     set_current_hook(module, step_name)
     try:
+        step = getattr(module, step_name)
+        args = (batch, batch_idx, *extra) if takes_batch_idx(step) else (batch,)
         with trainer.precision_plugin.autocast():
-            return getattr(module, step_name)(batch, batch_idx, *extra)
+            return step(*args)
     finally:
         set_current_hook(module, None)
-
-
-def _stage_results(trainer: Any, stage: str) -> dict[str, float]:
-    metrics = trainer.callback_metrics
-    return {name: float(metrics[name]) for name in trainer.metric_store.epoch_keys(stage) if name in metrics}

@@ -1,48 +1,99 @@
-"""Epochs and batches, when to validate, when to stop. Reads top to bottom:
+"""Epochs and batches, when to validate, when to stop. Reads top to bottom (Lightning's order):
 
-    on_train_start
+    [sanity check: a few validation batches, nothing logged, RNG untouched]
+    train_dataloader(); on_train_start
     for epoch in epochs:
         sampler.set_epoch(epoch); on_train_epoch_start
         for batch in the epoch's batches:
-            on_train_batch_start -> run_training_batch -> on_train_batch_end -> log
-            validate if val_check_interval says so; stop if max_steps or should_stop
-        epoch metrics; on_train_epoch_end; epoch schedulers
+            batch-transfer hooks; on_train_batch_start -> run_training_batch
+            -> "step" schedulers (and "epoch" ones at the epoch's last batch) -> on_train_batch_end -> log
+            validate if val_check_interval says so; plateau "step" schedulers; stop if told to
+        epoch metrics; on_train_epoch_end (callbacks, module, then checkpointing/early stopping);
+        plateau "epoch" schedulers
     on_train_end
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from torch import nn
 
-from trainer.loops.batches import iterate_limited, num_batches
-from trainer.loops.evaluation import has_step, run_evaluation
-from trainer.loops.training_step import run_training_batch, step_schedulers
 from strategies.rank_zero import rank_zero_info, rank_zero_warn
+from trainer.loops.batches import iterate_limited, num_batches
+from trainer.loops.evaluation import has_step, run_evaluation, run_sanity_check
+from trainer.loops.training_step import run_training_batch, step_schedulers
 from trainer.seed import restore_rank_rng_states
 
 
-def run_fit(trainer: Any, module: nn.Module, train_loader: Any, val_loaders: list[Any]) -> None:
+def run_fit(trainer: Any, module: nn.Module) -> None:
     state, callbacks = trainer.loop_state, trainer.callback_list
-    trainer.num_training_batches = num_batches(trainer, train_loader, "train")
-    trainer.num_val_batches = [num_batches(trainer, loader, "validate") for loader in val_loaders]
+    if _should_sanity_check(trainer, module):
+        run_sanity_check(trainer, module)
+    trainer.state.stage = "train"
+    if trainer.limit_train_batches == 0:
+        rank_zero_info("Trainer.fit stopped: limit_train_batches=0, no training batches.")
+        return
+    train_loader = _request_train_loader(trainer)
     if trainer.num_training_batches == 0:
-        raise ValueError("The training dataloader yields no batches (empty dataset, or limit_train_batches=0, "
-                         "or drop_last with fewer samples than batch_size per rank).")
+        rank_zero_warn("The training dataloader yields no batches (an empty dataset, or drop_last with fewer samples "
+                       "than batch_size per rank): nothing to train on.")
+        return
+    _request_val_loaders(trainer, module)
     _check_val_interval(trainer)
     _continue_sample_stream(trainer, train_loader)
     _advance_past_finished_epoch(trainer)
-    module.train()
+    trainer.fit_started_at = time.monotonic()
     callbacks.call("on_train_start", trainer, module)
     while not _fit_done(trainer):
-        _run_epoch(trainer, module, train_loader, val_loaders)
+        train_loader = _maybe_reload(trainer, module, train_loader)
+        _run_epoch(trainer, module, train_loader)
         state.current_epoch += 1
         state.batch_in_epoch = state.samples_in_epoch = 0
     callbacks.call("on_train_end", trainer, module)
 
 
-def _run_epoch(trainer: Any, module: nn.Module, train_loader: Any, val_loaders: list[Any]) -> None:
+def _should_sanity_check(trainer: Any, module: nn.Module) -> bool:
+    """Lightning runs `num_sanity_val_steps` validation batches before training, to fail fast on a
+    broken validation_step; a resume mid-epoch skips it."""
+    return (trainer.num_sanity_val_steps != 0 and trainer.limit_val_batches != 0 and has_step(module, "validate")
+            and trainer.data.val_defined(trainer) and trainer.loop_state.batch_in_epoch == 0)
+
+
+def _request_train_loader(trainer: Any) -> Any:
+    loaders = trainer.data.request(trainer, "train")
+    if len(loaders) != 1:
+        raise ValueError(f"fit() takes one training dataloader; got {len(loaders)}.")
+    total = num_batches(trainer, loaders[0], "train")
+    trainer.num_training_batches = float("inf") if total < 0 else total
+    trainer.loop_state.train_loader_epoch = trainer.current_epoch
+    return loaders[0]
+
+
+def _request_val_loaders(trainer: Any, module: nn.Module) -> None:
+    if "validate" not in trainer.data.loaders and has_step(module, "validate") and trainer.enable_validation:
+        trainer.data.request(trainer, "validate", required=False)
+    loaders = trainer.data.loaders.get("validate", []) if has_step(module, "validate") else []
+    trainer.num_val_batches = [_as_count(num_batches(trainer, loader, "validate")) for loader in loaders]
+
+
+def _maybe_reload(trainer: Any, module: nn.Module, train_loader: Any) -> Any:
+    """reload_dataloaders_every_n_epochs=n: ask the hooks for fresh loaders every n epochs."""
+    every = trainer.reload_dataloaders_every_n_epochs
+    if not every or trainer.current_epoch - trainer.loop_state.train_loader_epoch < every:
+        return train_loader
+    train_loader = _request_train_loader(trainer)
+    trainer.data.loaders.pop("validate", None)
+    _request_val_loaders(trainer, module)
+    return train_loader
+
+
+def _as_count(total: int) -> int | float:
+    return float("inf") if total < 0 else total
+
+
+def _run_epoch(trainer: Any, module: nn.Module, train_loader: Any) -> None:
     state, callbacks, store = trainer.loop_state, trainer.callback_list, trainer.metric_store
     _set_sampler_epoch(train_loader, state.current_epoch)
     start_sample, state.resume_sample_offset = state.resume_sample_offset, 0
@@ -52,86 +103,131 @@ def _run_epoch(trainer: Any, module: nn.Module, train_loader: Any, val_loaders: 
     store.reset_stage("train")
     callbacks.call("on_train_epoch_start", trainer, module)
     total = trainer.num_training_batches
-    batch_idx, exhausted = -1, True
+    last_idx, stopped = -1, False
     for batch_idx, batch in iterate_limited(trainer, train_loader, "train", skip=skip, start_at=start_at,
                                             on_resumed=lambda: _restore_rng(trainer)):
+        last_idx = batch_idx
+        state.is_last_batch = batch_idx + 1 == total
         if callbacks.call("on_train_batch_start", trainer, module, batch, batch_idx) == -1:
-            exhausted = False
+            stopped = True
             break  # Lightning: returning -1 ends the epoch early
         window_end = (batch_idx + 1) % trainer.accumulate_grad_batches == 0 or batch_idx + 1 == total
         output = run_training_batch(trainer, module, batch, batch_idx, window_end)
         store.sync_pending()  # the step's sync_dist values, one collective, before callbacks read them
         state.batch_in_epoch = batch_idx + 1
         state.samples_in_epoch += _global_batch_size(trainer, train_loader)
+        if window_end:
+            step_schedulers(trainer, module, "step", batch_idx=batch_idx, plateau=False)
+        if state.is_last_batch:
+            step_schedulers(trainer, module, "epoch", plateau=False)
         callbacks.call("on_train_batch_end", trainer, module, output, batch, batch_idx)
         store.sync_pending()  # what on_train_batch_end logged with sync_dist (no-op otherwise)
-        _log_step(trainer)
-        if _should_validate(trainer, batch_idx, val_loaders, module):
-            run_evaluation(trainer, module, val_loaders, "validate")
-        if _max_steps_reached(trainer) or trainer.should_stop:
-            exhausted = False
+        _log_step(trainer, module, window_end)
+        if _should_validate(trainer, batch_idx, module):
+            if window_end:
+                callbacks.call_module("on_validation_model_zero_grad", module)
+            run_evaluation(trainer, module, trainer.data.loaders.get("validate", []), "validate")
+        if window_end:
+            step_schedulers(trainer, module, "step", batch_idx=batch_idx, plateau=True)
+            state.stepped_batches += 1
+        _check_time_limit(trainer)
+        if _max_steps_reached(trainer) or (trainer.should_stop and _can_stop_early(trainer)):
+            stopped = True
             break
-    unsized_epoch_ended = exhausted and total < 0 and batch_idx >= 0 and isinstance(trainer.val_check_interval, float)
-    if unsized_epoch_ended and _should_validate(trainer, batch_idx, val_loaders, module, epoch_ended=True):
-        run_evaluation(trainer, module, val_loaders, "validate")  # an unsized epoch's end is known only now
+    completed = last_idx + 1 == total or (not stopped and last_idx >= 0)
+    if total == float("inf") and not stopped and last_idx >= 0 \
+            and _should_validate(trainer, last_idx, module, epoch_ended=True):
+        run_evaluation(trainer, module, trainer.data.loaders.get("validate", []), "validate")
     store.compute_epoch("train")
-    callbacks.call("on_train_epoch_end", trainer, module)
+    callbacks.call_epoch_end("on_train_epoch_end", trainer, module)
     store.compute_epoch("train")
-    trainer.write_logger_metrics()
-    step_schedulers(trainer, module, "epoch")
+    store.reset_metric_objects("train")
+    if completed:
+        step_schedulers(trainer, module, "epoch", plateau=True)
+    trainer.write_logger_metrics(step=max(0, state.stepped_batches - 1))
 
 
-def _log_step(trainer: Any) -> None:
-    """Step metrics go to the logger every `log_every_n_steps` optimizer steps."""
-    if trainer.global_step % max(trainer.log_every_n_steps, 1) == 0:
+def _log_step(trainer: Any, module: nn.Module, window_end: bool) -> None:
+    """Step metrics go to the logger every `log_every_n_steps` optimizer steps (Lightning counts
+    batches that stepped; accumulating micro-batches log nothing)."""
+    automatic = bool(getattr(module, "automatic_optimization", True))
+    if automatic and not window_end:
+        return
+    every = trainer.log_every_n_steps
+    if every and ((trainer.loop_state.stepped_batches + 1) % every == 0 or trainer.should_stop):
         trainer.write_logger_metrics()
     else:
         trainer.metric_store.pop_logger_metrics()
 
 
-def _should_validate(trainer: Any, batch_idx: int, val_loaders: list[Any], module: nn.Module,
-                     epoch_ended: bool = False) -> bool:
-    if not val_loaders or not has_step(module, "validate") or not any(trainer.num_val_batches):
+def _should_validate(trainer: Any, batch_idx: int, module: nn.Module, epoch_ended: bool = False) -> bool:
+    if not has_step(module, "validate") or not any(trainer.num_val_batches):
         return False
     every_n_epochs = trainer.check_val_every_n_epoch
     if every_n_epochs is not None and (trainer.current_epoch + 1) % every_n_epochs != 0:
         return False
+    if trainer.should_stop and _can_stop_early(trainer):
+        return True
     total = trainer.num_training_batches
     interval = trainer.val_check_interval
+    if total == float("inf"):
+        if isinstance(interval, int):
+            return (batch_idx + 1) % interval == 0
+        return epoch_ended
     every = max(1, int(total * interval)) if isinstance(interval, float) else int(interval)
-    is_last = epoch_ended or batch_idx + 1 == total
-    if isinstance(interval, float) and interval == 1.0:
-        return is_last or _max_steps_reached(trainer)
-    return (batch_idx + 1) % every == 0 or (is_last and isinstance(interval, float))
+    counter = batch_idx if every_n_epochs is not None else trainer.current_epoch * total + batch_idx
+    return (counter + 1) % every == 0 or (batch_idx + 1 == total and isinstance(interval, float) and interval == 1.0)
 
 
 def _check_val_interval(trainer: Any) -> None:
     """An int interval longer than the epoch would silently never validate (Lightning raises too)."""
     interval, total = trainer.val_check_interval, trainer.num_training_batches
-    if total < 0 and isinstance(interval, float) and interval != 1.0:
+    if total == float("inf") and isinstance(interval, float) and interval != 1.0:
         raise ValueError(f"val_check_interval={interval} is a fraction of an epoch, but the training data has no "
                          "length (an IterableDataset): use 1.0 (validate when the epoch ends) or an int number of "
                          "batches.")
-    if isinstance(interval, int) and trainer.check_val_every_n_epoch is not None and 0 <= total < interval:
+    if isinstance(interval, int) and trainer.check_val_every_n_epoch is not None and total < interval \
+            and trainer.limit_val_batches != 0:
         raise ValueError(f"val_check_interval={interval} batches exceeds the {total} training batches per epoch; "
                          "use a smaller int, a float fraction of the epoch, or check_val_every_n_epoch=None.")
 
 
+def _can_stop_early(trainer: Any) -> bool:
+    """`should_stop` is honoured only once min_epochs and min_steps are met (Lightning's rule)."""
+    met_epochs = trainer.current_epoch >= (trainer.min_epochs or 0)
+    met_steps = trainer.global_step >= (trainer.min_steps or 0)
+    return met_epochs and met_steps
+
+
 def _fit_done(trainer: Any) -> bool:
-    if trainer.should_stop or _max_steps_reached(trainer):
+    if _max_steps_reached(trainer):
         return True
     max_epochs = trainer.max_epochs
-    return max_epochs is not None and max_epochs >= 0 and trainer.current_epoch >= max_epochs
+    if max_epochs is not None and max_epochs >= 0 and trainer.current_epoch >= max_epochs:
+        return True
+    if trainer.should_stop:
+        if _can_stop_early(trainer):
+            return True
+        rank_zero_info(f"Trainer was signaled to stop but the required min_epochs={trainer.min_epochs} or "
+                       f"min_steps={trainer.min_steps} has not been met; training continues.")
+        trainer.should_stop = False
+    return False
 
 
 def _max_steps_reached(trainer: Any) -> bool:
     return trainer.max_steps >= 0 and trainer.global_step >= trainer.max_steps
 
 
+def _check_time_limit(trainer: Any) -> None:
+    """max_time: stop at the first batch boundary past the deadline (Lightning's Timer)."""
+    if trainer.max_time is not None and time.monotonic() - trainer.fit_started_at >= trainer.max_time.total_seconds():
+        trainer.should_stop = True
+
+
 def _advance_past_finished_epoch(trainer: Any) -> None:
     """A checkpoint written at the end of an epoch resumes at the start of the next one."""
     state = trainer.loop_state
-    if 0 <= trainer.num_training_batches <= state.batch_in_epoch:  # -1: unsized, length unknown
+    if trainer.num_training_batches != float("inf") and 0 <= trainer.num_training_batches <= state.batch_in_epoch:
         state.current_epoch += 1
         state.batch_in_epoch = state.samples_in_epoch = state.resume_sample_offset = 0
 

@@ -1,12 +1,23 @@
-"""One training batch: forward, backward (gradients reduced by the strategy), and, on the last
-micro-batch of an accumulation window, unscale -> clip -> step -> schedulers -> zero_grad.
+"""One training batch, in Lightning's order.
 
-Every hook and every strategy call of a training step is visible in `run_training_batch`.
+Automatic optimization runs the batch as a closure that the optimizer calls from its `step`
+(so closure-based optimizers such as LBFGS work)::
+
+    module.optimizer_step(epoch, batch_idx, optimizer, closure)
+      -> optimizer.step(closure)
+           closure: training_step -> [first micro-batch: on_before_zero_grad, optimizer_zero_grad]
+                    -> on_before_backward -> module.backward (gradients reduced by the strategy)
+                    -> on_after_backward
+                    then: unscale -> non-finite check -> on_before_optimizer_step
+                    -> configure_gradient_clipping
+      -> the parameter update
+
+A micro-batch that only accumulates runs the closure alone, under the strategy's `no_sync()`.
 """
 
 from __future__ import annotations
 
-import contextlib
+import inspect
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -17,59 +28,117 @@ from torch import nn
 from trainer.module_adapter import automatic_optimization, set_current_hook
 
 
-def run_training_batch(trainer: Any, module: nn.Module, batch: Any, batch_idx: int, window_end: bool) -> Any:
-    """Run one batch; returns what `training_step` returned (Lightning's `outputs`).
+class _SkipStep(Exception):
+    """Raised inside the optimizer's closure to skip a step with non-finite gradients."""
 
-    `window_end` is True on the last micro-batch of a gradient-accumulation window: only
-    then are gradients synchronised across ranks and the optimizer stepped.
-    """
-    strategy, precision, callbacks = trainer.strategy, trainer.precision_plugin, trainer.callback_list
+
+def run_training_batch(trainer: Any, module: nn.Module, batch: Any, batch_idx: int, window_end: bool) -> Any:
+    """Run one batch; returns Lightning's `outputs` for `on_train_batch_end`: a dict with the
+    (accumulation-normalised, detached) "loss" and whatever else `training_step` returned."""
     if not automatic_optimization(module):
         return _run_manual_batch(trainer, module, batch, batch_idx)
+    optimizer = trainer.optimizers[0]
+    closure = _Closure(trainer, module, batch, batch_idx, optimizer,
+                       zero_grad=batch_idx % trainer.accumulate_grad_batches == 0)
+    if not window_end:
+        with trainer.strategy.no_sync():
+            closure()
+    else:
+        _optimizer_step(trainer, module, batch_idx, optimizer, closure)
+    return closure.outputs()
 
-    sync_context = contextlib.nullcontext() if window_end else strategy.no_sync()
-    with sync_context:
-        output = _training_step(trainer, module, batch, batch_idx)
-        loss = extract_loss(output)
+
+class _Closure:
+    """training_step, zero_grad and backward of one micro-batch; remembers the step's output."""
+
+    def __init__(self, trainer: Any, module: nn.Module, batch: Any, batch_idx: int, optimizer: Any,
+                 zero_grad: bool) -> None:
+        self.trainer, self.module, self.batch, self.batch_idx = trainer, module, batch, batch_idx
+        self.optimizer, self.zero_grad = optimizer, zero_grad
+        self.output: Any = None
+        self.loss: torch.Tensor | None = None
+
+    @torch.enable_grad()
+    def __call__(self) -> torch.Tensor | None:
+        trainer, module, callbacks = self.trainer, self.module, self.trainer.callback_list
+        self.output = training_step(trainer, module, self.batch, self.batch_idx)
+        loss = extract_loss(self.output)
+        if loss is None and trainer.world_size > 1:
+            raise RuntimeError("training_step returned None under DDP: every rank must take part in every "
+                               "gradient reduction. Return a loss on every rank (e.g. loss * 0 to skip a batch).")
         if loss is not None:
             loss = loss / trainer.accumulate_grad_batches
-            callbacks.call("on_before_backward", trainer, module, loss)
-            strategy.backward(precision.scale_loss(loss))
-            callbacks.call("on_after_backward", trainer, module)
+            self.loss = loss.detach().clone()
+        if self.zero_grad:
+            callbacks.call("on_before_zero_grad", trainer, module, self.optimizer)
+            callbacks.call_module("optimizer_zero_grad", module, trainer.current_epoch, self.batch_idx,
+                                  self.optimizer)
+        if loss is not None:
+            backward(trainer, module, loss)
+        return self.loss
 
-    if window_end and trainer.optimizers:
-        _optimizer_step(trainer, module, batch_idx, output)
-    return output
+    def outputs(self) -> Any:
+        if self.loss is None:
+            return None if self.output is None else {}
+        extra = {k: v for k, v in self.output.items() if k != "loss"} if isinstance(self.output, Mapping) else {}
+        return {"loss": self.loss, **extra}
 
 
-def _training_step(trainer: Any, module: nn.Module, batch: Any, batch_idx: int) -> Any:
+def backward(trainer: Any, module: nn.Module, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+    """on_before_backward -> the module's `backward` hook (the strategy reduces the gradients it
+    produces) -> on_after_backward; shared by automatic and manual optimization."""
+    callbacks, precision = trainer.callback_list, trainer.precision_plugin
+    loss = precision.scale_loss(loss)
+    callbacks.call("on_before_backward", trainer, module, loss)
+    trainer.strategy.backward(loss, run=lambda tensor: callbacks.call_module("backward", module, tensor,
+                                                                             *args, **kwargs))
+    callbacks.call("on_after_backward", trainer, module)
+
+
+def training_step(trainer: Any, module: nn.Module, batch: Any, batch_idx: int) -> Any:
     set_current_hook(module, "training_step")
     try:
         with trainer.precision_plugin.autocast():
-            return trainer.strategy.training_step(module, batch, batch_idx)
+            args = (batch, batch_idx) if takes_batch_idx(module.training_step) else (batch,)
+            return trainer.strategy.training_step(module, *args)
     finally:
         set_current_hook(module, None)
 
 
-def _optimizer_step(trainer: Any, module: nn.Module, batch_idx: int, output: Any) -> None:
-    """Runs after the reduction, on every rank, with identical gradients everywhere."""
-    optimizer = trainer.optimizers[0]
+def takes_batch_idx(step: Any, min_args: int = 2) -> bool:
+    """Lightning passes `batch_idx` only to steps whose signature has room for it."""
+    try:
+        parameters = list(inspect.signature(step).parameters.values())
+    except (TypeError, ValueError):
+        return True
+    if any(p.kind is p.VAR_POSITIONAL for p in parameters):
+        return True
+    return len([p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]) >= min_args \
+        or any(p.name == "batch_idx" for p in parameters)
+
+
+def _optimizer_step(trainer: Any, module: nn.Module, batch_idx: int, optimizer: Any, closure: _Closure) -> None:
+    """Hand the closure to the module's `optimizer_step`; the optimizer runs it, then the hooks that
+    need the reduced gradients run, then the update. Every rank has identical gradients here."""
     callbacks, precision = trainer.callback_list, trainer.precision_plugin
-    precision.unscale(optimizer)
-    if not _gradients_usable(trainer, optimizer, output):
-        callbacks.call_module("optimizer_zero_grad", module, trainer.current_epoch, batch_idx, optimizer)
-        return
-    callbacks.call("on_before_optimizer_step", trainer, module, optimizer)
-    if trainer.gradient_clip_val:
+
+    def closure_then_prepare_step() -> Any:
+        loss = closure()
+        precision.unscale(optimizer)
+        if not _gradients_usable(trainer, optimizer, closure.output):
+            raise _SkipStep
+        callbacks.call("on_before_optimizer_step", trainer, module, optimizer)
         callbacks.call_module("configure_gradient_clipping", module, optimizer,
-                              trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
-    loss = extract_loss(output)
-    callbacks.call_module("optimizer_step", module, trainer.current_epoch, batch_idx,
-                          precision.optimizer_for_step(optimizer), lambda: loss)
+                              gradient_clip_val=trainer.gradient_clip_val,
+                              gradient_clip_algorithm=trainer.gradient_clip_algorithm)
+        return loss
+
+    try:
+        callbacks.call_module("optimizer_step", module, trainer.current_epoch, batch_idx,
+                              trainer.wrapped_optimizers[0], closure_then_prepare_step)
+    except _SkipStep:
+        return
     trainer.loop_state.global_step += 1
-    step_schedulers(trainer, module, "step")
-    callbacks.call("on_before_zero_grad", trainer, module, optimizer)
-    callbacks.call_module("optimizer_zero_grad", module, trainer.current_epoch, batch_idx, optimizer)
 
 
 def _gradients_usable(trainer: Any, optimizer: Any, output: Any) -> bool:
@@ -98,14 +167,27 @@ def _gradients_usable(trainer: Any, optimizer: Any, output: Any) -> bool:
 def _run_manual_batch(trainer: Any, module: nn.Module, batch: Any, batch_idx: int) -> Any:
     """Manual optimization: the module calls `manual_backward` and `optimizer.step()` itself;
     the optimizers it gets from `self.optimizers()` count steps into `global_step`."""
-    return _training_step(trainer, module, batch, batch_idx)
+    output = training_step(trainer, module, batch, batch_idx)
+    if isinstance(output, torch.Tensor):
+        return {"loss": output.detach()}
+    if isinstance(output, Mapping) and isinstance(output.get("loss"), torch.Tensor):
+        return {**output, "loss": output["loss"].detach()}
+    return output
 
 
-def step_schedulers(trainer: Any, module: nn.Module, interval: str) -> None:
-    """Step the schedulers of `interval` whose frequency is due; plateau ones read their monitor."""
-    counter = trainer.global_step if interval == "step" else trainer.current_epoch + 1
+def step_schedulers(trainer: Any, module: nn.Module, interval: str, batch_idx: int = 0,
+                    plateau: bool | None = None) -> None:
+    """Step the schedulers of `interval` whose frequency is due (Lightning counts "step" schedulers by
+    the batch index in the epoch, "epoch" ones by epoch); plateau ones read their monitor, and are
+    stepped separately (after validation) when `plateau` is given. Manual optimization steps its
+    schedulers itself."""
+    if not automatic_optimization(module):
+        return
+    counter = batch_idx + 1 if interval == "step" else trainer.current_epoch + 1
     for config in trainer.lr_scheduler_configs:
         if config.interval != interval or counter % config.frequency != 0:
+            continue
+        if plateau is not None and config.reduce_on_plateau != plateau:
             continue
         metric = None
         if config.reduce_on_plateau:
@@ -114,6 +196,8 @@ def step_schedulers(trainer: Any, module: nn.Module, interval: str) -> None:
                 if config.strict:
                     raise KeyError(f"ReduceLROnPlateau monitors {config.monitor!r}, which was not logged; logged: "
                                    f"{sorted(trainer.callback_metrics)}. Log it or set 'strict': False.")
+                warnings.warn(f"ReduceLROnPlateau monitors {config.monitor!r}, which was not logged, and strict is "
+                              "False: its step is skipped.", RuntimeWarning, stacklevel=2)
                 continue
         trainer.callback_list.call_module("lr_scheduler_step", module, config.scheduler, metric)
 
@@ -131,3 +215,5 @@ def extract_loss(output: Any) -> torch.Tensor | None:
         return output["loss"]
     raise TypeError(f"training_step returned a {type(output).__name__}; expected a loss tensor, a dict with "
                     "'loss', or None.")
+
+

@@ -75,7 +75,7 @@ def test_resolve_strategy() -> None:
     assert isinstance(resolve_strategy("single", devices=1, num_nodes=1), SingleDeviceStrategy)
     mine = DDPStrategy(bucket_cap_mb=1)
     assert resolve_strategy(mine, devices=4, num_nodes=1) is mine
-    with pytest.raises(ValueError, match="'fsdp'.*'auto', 'ddp', 'single'"):
+    with pytest.raises(ValueError, match="'fsdp'.*'auto', 'ddp', 'ddp_spawn'.*'single'"):
         resolve_strategy("fsdp", devices=2, num_nodes=1)
 
 

@@ -23,8 +23,9 @@ def _recording(name: str) -> Any:
 for _name in HOOK_NAMES:
     setattr(Recorder, _name, _recording(_name))
 
-BATCH = ["on_train_batch_start", "on_before_backward", "on_after_backward", "on_before_optimizer_step",
-         "on_before_zero_grad", "on_train_batch_end"]
+# Lightning's order: zero_grad before backward, inside the optimizer's closure
+BATCH = ["on_train_batch_start", "on_before_zero_grad", "on_before_backward", "on_after_backward",
+         "on_before_optimizer_step", "on_train_batch_end"]
 VALIDATION = ["on_validation_start", "on_validation_epoch_start", "on_validation_batch_start",
               "on_validation_batch_end", "on_validation_epoch_end", "on_validation_end"]
 
@@ -35,7 +36,8 @@ def test_fit_hook_order_matches_documentation(tmp_path: Any) -> None:
                       logger=False, enable_checkpointing=False, enable_progress_bar=False,
                       enable_model_summary=False, default_root_dir=tmp_path)
     trainer.fit(TinyRegressor(), datamodule=RegressionData())
-    expected = (["setup", "on_fit_start", "on_train_start", "on_train_epoch_start"] + BATCH + BATCH + VALIDATION
+    expected = (["setup", "on_fit_start", "on_sanity_check_start"] + VALIDATION + ["on_sanity_check_end",
+                "on_train_start", "on_train_epoch_start"] + BATCH + BATCH + VALIDATION
                 + ["on_train_epoch_end", "on_train_end", "on_fit_end", "teardown"])
     assert recorder.calls == expected
 

@@ -1,0 +1,116 @@
+"""Where each stage's dataloaders come from, and asking for them when Lightning does.
+
+A stage's loaders come from (first match): the dataloaders passed to `fit`/`validate`/...; the
+DataModule's `*_dataloader` hook; the module's. A hook counts only when it is overridden and not
+disabled (`model.val_dataloader = None` switches validation off, as in Lightning). Loaders are
+requested lazily, at the point of the loop where Lightning requests them (the validation ones at
+the sanity check, the training one right before `on_train_start`), so hooks that build data
+from state set up earlier (`setup`, `configure_optimizers`) see that state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
+
+from strategies.sampler import rebuild_dataloader
+from strategies.rank_zero import rank_zero_warn
+
+HOOKS = {"train": "train_dataloader", "validate": "val_dataloader", "test": "test_dataloader",
+         "predict": "predict_dataloader"}
+_BASE_CLASSES = ("LightningDataModule", "LightningModule", "DataHooks")
+
+
+def is_datamodule(obj: Any) -> bool:
+    """Ours or Lightning's DataModule (recognised by its class names, so Lightning is never imported)."""
+    return any(cls.__name__ == "LightningDataModule" for cls in type(obj).__mro__)
+
+
+def overrides(owner: Any, hook: str) -> bool:
+    """True when `owner` implements `hook` itself (on its class or instance) and has not disabled it."""
+    if owner is None:
+        return False
+    if hook in getattr(owner, "__dict__", {}):
+        return callable(owner.__dict__[hook])
+    method = getattr(type(owner), hook, None)
+    if method is None or not callable(method):
+        return False
+    return method.__qualname__.split(".")[0] not in _BASE_CLASSES
+
+
+class DataSources:
+    """The Trainer's record of given dataloaders and of the loaders each stage is using."""
+
+    def __init__(self) -> None:
+        self.given: dict[str, Any] = {}
+        self.loaders: dict[str, list[Any]] = {}
+
+    def reset(self, given: dict[str, Any]) -> None:
+        self.given = {stage: loaders for stage, loaders in given.items() if loaders is not None}
+        self.loaders = {}
+
+    def defined(self, trainer: Any, stage: str) -> bool:
+        if stage in self.given:
+            return True
+        return any(overrides(owner, HOOKS[stage]) for owner in (trainer.datamodule, trainer.lightning_module))
+
+    def val_defined(self, trainer: Any) -> bool:
+        return self.defined(trainer, "validate")
+
+    def request(self, trainer: Any, stage: str, required: bool = True) -> list[Any]:
+        """Call the stage's hook (or take the given loaders), shard them for this rank, remember them."""
+        loaders = self.given.get(stage)
+        if loaders is None:
+            loaders = self._from_hooks(trainer, stage)
+        trainer.strategy.barrier(f"{HOOKS[stage]}()")
+        if loaders is None:
+            if required:
+                raise ValueError(f"Trainer.{'fit' if stage == 'train' else stage}() found no data: pass dataloaders, "
+                                 f"a datamodule with {HOOKS[stage]}(), or implement {HOOKS[stage]}() on the module.")
+            self.loaders[stage] = []
+            return []
+        loaders = _flatten(loaders)
+        if trainer.overfit_batches and trainer.state.fn == "fit":
+            loaders = [_without_shuffle(loader, stage) for loader in loaders]
+        if trainer.use_distributed_sampler:
+            loaders = [trainer.strategy.process_dataloader(loader, for_training=stage == "train")
+                       if isinstance(loader, DataLoader) else loader for loader in loaders]
+        self.loaders[stage] = loaders
+        return loaders
+
+    def count_training_batches(self, trainer: Any) -> int | float:
+        """Training batches per epoch before the loader was requested (for `estimated_stepping_batches`
+        inside `configure_optimizers`): request it now, as Lightning does."""
+        from trainer.loops.batches import num_batches
+
+        loaders = self.loaders.get("train") or self.request(trainer, "train")
+        return num_batches(trainer, loaders[0], "train") if loaders else 0
+
+    @staticmethod
+    def _from_hooks(trainer: Any, stage: str) -> Any:
+        hook = HOOKS[stage]
+        datamodule, module = trainer.datamodule, trainer.lightning_module
+        if overrides(datamodule, hook):
+            return getattr(datamodule, hook)()
+        if overrides(module, hook):
+            return trainer.callback_list.call_module(hook, module)
+        return None
+
+
+def _flatten(loaders: Any) -> list[Any]:
+    if isinstance(loaders, dict):
+        return list(loaders.values())
+    if isinstance(loaders, (list, tuple)):
+        return list(loaders)
+    return [loaders]
+
+
+def _without_shuffle(loader: Any, stage: str) -> Any:
+    """`overfit_batches` trains on the same first batches every epoch: turn shuffling off."""
+    if isinstance(loader, DataLoader) and type(loader) is DataLoader and isinstance(loader.sampler, RandomSampler) \
+            and type(loader.batch_sampler).__name__ == "BatchSampler":
+        rank_zero_warn(f"overfit_batches: the {HOOKS[stage]} shuffles; using it in order so every epoch sees the "
+                       "same batches.")
+        return rebuild_dataloader(loader, SequentialSampler(loader.dataset))  # type: ignore[arg-type]
+    return loader
