@@ -14,32 +14,64 @@ FORMAT_VERSION = 1
 
 
 def build_checkpoint(trainer: Any, module: Any, weights_only: bool = False) -> dict[str, Any]:
-    """Everything needed to resume exactly: weights, optimizer and scheduler state, the loss
-    scaler, loop position, callback state, RNG state and hyperparameters."""
-    loop = trainer.loop_state
+    """Everything needed to resume exactly, in Lightning's layout (its top-level keys, so Lightning
+    can load our checkpoints and a callback sees the dict it expects): weights, optimizer and
+    scheduler state, callback states, hyperparameters. What Lightning lacks and exact resumption
+    needs (every rank's RNG state, metric state, our loop position) lives under "loops", whose
+    contents are each trainer's own."""
+    loops = {**trainer.loop_state.state_dict(), "format": FORMAT, "format_version": FORMAT_VERSION}
     checkpoint: dict[str, Any] = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "epoch": loop.current_epoch,
-        "global_step": loop.global_step,
-        "loops": loop.state_dict(),
+        "epoch": trainer.loop_state.current_epoch,
+        "global_step": trainer.loop_state.global_step,
+        "pytorch-lightning_version": lightning_version(module),
         "state_dict": module.state_dict(),
-        "hyper_parameters": plain_hparams(getattr(module, "hparams", None)),
+        "loops": loops,
     }
+    hparams = plain_hparams(getattr(module, "hparams", None))
+    if hparams:
+        checkpoint["hyper_parameters"] = hparams
     if not weights_only:
-        checkpoint.update(
-            optimizer_states=[optimizer.state_dict() for optimizer in trainer.optimizers],
-            lr_schedulers=[config.scheduler.state_dict() for config in trainer.lr_scheduler_configs],
-            precision=trainer.precision_plugin.state_dict(),
-            callbacks=trainer.callback_list.state_dict(),
-            metrics=trainer.metric_store.state_dict(),
-            rng_states=gather_rng_states(trainer.strategy.all_gather, trainer.strategy.root_device.type),
-        )
+        checkpoint["callbacks"] = trainer.callback_list.state_dict()
+        checkpoint["optimizer_states"] = [optimizer.state_dict() for optimizer in trainer.optimizers]
+        checkpoint["lr_schedulers"] = [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs]
+        loops["metrics"] = trainer.metric_store.state_dict()
+        loops["rng_states"] = gather_rng_states(trainer.strategy.all_gather, trainer.strategy.root_device.type)
+        precision = trainer.precision_plugin.state_dict()
+        if precision:
+            checkpoint[_PRECISION_KEY] = precision
         datamodule = trainer.datamodule
-        if datamodule is not None and hasattr(datamodule, "state_dict"):
-            checkpoint["datamodule"] = datamodule.state_dict()
+        if datamodule is not None and callable(getattr(datamodule, "state_dict", None)):
+            state = datamodule.state_dict()
+            if state:
+                checkpoint[type(datamodule).__qualname__] = state
     trainer.callback_list.call("on_save_checkpoint", trainer, module, checkpoint)
     return checkpoint
+
+
+_PRECISION_KEY = "MixedPrecision"  # Lightning stores its GradScaler under its plugin's class name
+
+
+def lightning_version(module: Any) -> str:
+    """The version of the Lightning package the module comes from (Lightning's loader reads this key
+    to migrate old checkpoints); for our own modules the installed Lightning's, else ours."""
+    from importlib import metadata
+
+    package = "lightning" if type(module).__module__.startswith("lightning") or any(
+        cls.__module__.startswith("lightning.") for cls in type(module).__mro__) else "pytorch-lightning"
+    for name in (package, "pytorch-lightning", "lightning"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return "0.0.0+ddp-trainer"
+
+
+def _saved(checkpoint: dict[str, Any], key: str, default: Any) -> Any:
+    """A value of ours: under "loops" now, at the top level in checkpoints written before."""
+    loops = checkpoint.get("loops", {})
+    if isinstance(loops, dict) and key in loops:
+        return loops[key]
+    return checkpoint.get(key, default)
 
 
 def check_checkpoint(checkpoint: dict[str, Any], path: str) -> None:
@@ -47,7 +79,7 @@ def check_checkpoint(checkpoint: dict[str, Any], path: str) -> None:
     if "state_dict" not in checkpoint:
         raise CheckpointError(f"{path!r} is not a ddp-trainer checkpoint: it has no 'state_dict' "
                               f"(keys: {sorted(checkpoint)[:10]}).")
-    version = checkpoint.get("format_version", FORMAT_VERSION)
+    version = _saved(checkpoint, "format_version", FORMAT_VERSION)
     if version > FORMAT_VERSION:
         raise CheckpointError(f"{path!r} was written by a newer ddp-trainer (format {version} > {FORMAT_VERSION}).")
 
@@ -98,12 +130,15 @@ def restore_training_state(trainer: Any, module: Any, checkpoint: dict[str, Any]
         optimizer.load_state_dict(state)
     for config, state in zip(trainer.lr_scheduler_configs, checkpoint.get("lr_schedulers", [])):
         config.scheduler.load_state_dict(state)
-    trainer.precision_plugin.load_state_dict(checkpoint.get("precision", {}))
-    trainer.metric_store.load_state_dict(checkpoint.get("metrics", {}))
+    trainer.precision_plugin.load_state_dict(checkpoint.get(_PRECISION_KEY, checkpoint.get("precision", {})))
+    trainer.metric_store.load_state_dict(_saved(checkpoint, "metrics", {}))
     trainer.loop_state.load_state_dict(checkpoint.get("loops", {}))
-    if trainer.datamodule is not None and "datamodule" in checkpoint and hasattr(trainer.datamodule, "load_state_dict"):
-        trainer.datamodule.load_state_dict(checkpoint["datamodule"])
-    trainer.loop_state.rng_to_restore = checkpoint.get("rng_states")  # the fit loop applies it
+    datamodule = trainer.datamodule
+    if datamodule is not None and callable(getattr(datamodule, "load_state_dict", None)):
+        state = checkpoint.get(type(datamodule).__qualname__, checkpoint.get("datamodule"))
+        if state:
+            datamodule.load_state_dict(state)
+    trainer.loop_state.rng_to_restore = _saved(checkpoint, "rng_states", None)  # the fit loop applies it
 
 
 def checkpoint_candidates(dirpath: str | None) -> list[str]:

@@ -329,18 +329,9 @@ def clip_gradients(module: nn.Module, optimizer: Any, gradient_clip_val: float |
             and gradient_clip_algorithm != trainer_algorithm:
         raise ValueError(f"clip_gradients(gradient_clip_algorithm={gradient_clip_algorithm!r}) conflicts with "
                          f"Trainer(gradient_clip_algorithm={trainer_algorithm!r}); set it in one place only.")
-    gradient_clip_val = gradient_clip_val if gradient_clip_val is not None else trainer_val
-    gradient_clip_algorithm = gradient_clip_algorithm or trainer_algorithm
-    if gradient_clip_val is None or gradient_clip_val <= 0:
-        return
-    parameters = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-    algorithm = gradient_clip_algorithm or "norm"
-    if algorithm == "norm":
-        torch.nn.utils.clip_grad_norm_(parameters, gradient_clip_val)
-    elif algorithm == "value":
-        torch.nn.utils.clip_grad_value_(parameters, gradient_clip_val)
-    else:
-        raise ValueError(f"gradient_clip_algorithm={algorithm!r} is not supported; use 'norm' or 'value'.")
+    gradient_clip_val = gradient_clip_val if gradient_clip_val is not None else (trainer_val or 0.0)
+    algorithm = gradient_clip_algorithm or trainer_algorithm or "norm"
+    _trainer_of(module).precision_plugin.clip_gradients(optimizer, gradient_clip_val, algorithm)
 
 
 def toggle_optimizer(module: nn.Module, optimizer: Any) -> None:

@@ -50,7 +50,7 @@ def attach(module: nn.Module, trainer: Any) -> None:
 
 def detach(module: nn.Module) -> None:
     for child in module.modules():
-        for name in _BOUND_API:
+        for name in child.__dict__.pop("_bound_by_trainer", ()):
             child.__dict__.pop(name, None)
         if "_trainer" in child.__dict__:
             child.__dict__["_trainer"] = None
@@ -62,7 +62,9 @@ def _attach_one(module: nn.Module, trainer: Any) -> None:
     if isinstance(module, LightningModule):
         return
     for name, function in _BOUND_API.items():
-        module.__dict__[name] = types.MethodType(function, module)
+        if name not in module.__dict__:  # an attribute the user set on the instance stays theirs
+            module.__dict__[name] = types.MethodType(function, module)
+            module.__dict__.setdefault("_bound_by_trainer", set()).add(name)
 
 
 def _looks_like_lightning_module(module: nn.Module) -> bool:

@@ -62,6 +62,22 @@ class Precision:
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
 
+    def clip_gradients(self, optimizer: torch.optim.Optimizer, clip_val: float = 0.0,
+                       gradient_clip_algorithm: str = "norm") -> None:
+        """Clip the optimizer's (unscaled) gradients by total norm or by value; 0 clips nothing.
+        Lightning's modules call this with the same arguments from their own `clip_gradients`."""
+        if clip_val <= 0:
+            return
+        parameters = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        algorithm = str(getattr(gradient_clip_algorithm, "value", gradient_clip_algorithm))
+        if algorithm == "norm":
+            torch.nn.utils.clip_grad_norm_(parameters, clip_val)
+        elif algorithm == "value":
+            torch.nn.utils.clip_grad_value_(parameters, clip_val)
+        else:
+            raise ValueError(f"gradient_clip_algorithm={gradient_clip_algorithm!r} is not supported; use 'norm' or "
+                             "'value'.")
+
     def optimizer_for_step(self, optimizer: torch.optim.Optimizer) -> Any:
         """What the module's `optimizer_step` hook calls `.step()` on."""
         return optimizer if self.scaler is None else _ScaledOptimizer(optimizer, self.scaler)

@@ -64,12 +64,13 @@ def run_stage(trainer: Any, stage: str, model: nn.Module, data: dict[str, Any]) 
         if trainer.datamodule is not None:
             trainer.datamodule.trainer = None
         trainer.state.stage = None
-    result = StageResult(pid=os.getpid(), output=output, loop_state=trainer.loop_state.state_dict(),
-                         callback_states=trainer.callback_list.state_dict(),
-                         callback_metrics=dict(trainer.callback_metrics),
-                         logged_metrics=dict(trainer.logged_metrics),
-                         progress_bar_metrics=dict(trainer.progress_bar_metrics), interrupted=interrupted)
-    if launcher_pid != os.getpid():
+    result = StageResult(pid=os.getpid(), output=output, interrupted=interrupted)
+    if launcher_pid != os.getpid():  # the launching process adopts rank 0's outcome
+        result.loop_state = trainer.loop_state.state_dict()
+        result.callback_states = trainer.callback_list.state_dict()
+        result.callback_metrics = dict(trainer.callback_metrics)
+        result.logged_metrics = dict(trainer.logged_metrics)
+        result.progress_bar_metrics = dict(trainer.progress_bar_metrics)
         result.state_dict = {k: v.detach().cpu() for k, v in trainer.strategy.unwrap(model).state_dict().items()}
     return result
 
@@ -97,7 +98,7 @@ def _run(trainer: Any, stage: str, model: nn.Module, data: dict[str, Any]) -> An
     callbacks, strategy = trainer.callback_list, trainer.strategy
     _prepare_data(trainer, model)
     if trainer.datamodule is not None:
-        trainer.datamodule.setup(stage)
+        trainer.datamodule.setup(stage=stage)
     callbacks.call("setup", trainer, model, stage=stage)
     callbacks.call_module("configure_model", model)
     module = strategy.setup_module(trainer.precision_plugin.convert_module(model))
@@ -107,12 +108,14 @@ def _run(trainer: Any, stage: str, model: nn.Module, data: dict[str, Any]) -> An
         output = _fit(trainer, module, ckpt_path)
     elif stage == "predict":
         trainer.ckpt_path = _restore_weights(trainer, module, ckpt_path)
-        output = run_predict(trainer, module, trainer.data.request(trainer, "predict"))
+        module.zero_grad()
+        loaders = trainer.data.request(trainer, "predict") if trainer.limit_predict_batches != 0 else []
+        output = run_predict(trainer, module, loaders)
     else:
         output = _evaluate(trainer, module, stage, ckpt_path, data.get("verbose", True))
     callbacks.call("teardown", trainer, module, stage=stage)
     if trainer.datamodule is not None:
-        trainer.datamodule.teardown(stage)
+        trainer.datamodule.teardown(stage=stage)
     return output
 
 
@@ -142,7 +145,9 @@ def _evaluate(trainer: Any, module: nn.Module, stage: str, ckpt_path: str | None
         step = "validation_step" if stage == "validate" else "test_step"
         raise NotImplementedError(f"Trainer.{stage}() needs {type(module).__name__}.{step}(batch, batch_idx).")
     trainer.ckpt_path = _restore_weights(trainer, module, ckpt_path)
-    loaders = trainer.data.request(trainer, stage)
+    module.zero_grad()
+    limit = trainer.limit_val_batches if stage == "validate" else trainer.limit_test_batches
+    loaders = trainer.data.request(trainer, stage) if limit != 0 else []
     results = run_evaluation(trainer, module, loaders, stage)
     _finalize_loggers(trainer, "success")
     if verbose and results and any(results) and trainer.is_global_zero:

@@ -101,7 +101,8 @@ def _run_epoch(trainer: Any, module: nn.Module, train_loader: Any) -> None:
         _resumable_sampler(train_loader).set_start_sample(start_sample)  # type: ignore[union-attr]
     skip, start_at = (0, state.batch_in_epoch) if start_sample else (state.batch_in_epoch, 0)
     store.reset_stage("train")
-    callbacks.call("on_train_epoch_start", trainer, module)
+    if state.batch_in_epoch == 0:  # a run resumed mid-epoch continues the epoch: no new epoch starts
+        callbacks.call("on_train_epoch_start", trainer, module)
     total = trainer.num_training_batches
     last_idx, stopped = -1, False
     for batch_idx, batch in iterate_limited(trainer, train_loader, "train", skip=skip, start_at=start_at,
