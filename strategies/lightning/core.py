@@ -37,8 +37,8 @@ class ReducedModule(nn.Module):
     """Stands where torch's `DistributedDataParallel` would: Lightning's `strategy.model` while fitting.
 
     Building it makes every rank start from rank 0's parameters and buffers and attaches a
-    GradReducer to the LightningModule's parameters. `forward` only re-broadcasts buffers (as
-    DDP does in a synchronised training forward) and calls the module; gradients are averaged
+    GradReducer to the LightningModule's parameters. `forward` only re-broadcasts buffers when
+    torch DDP would (see `will_sync_module_buffers`) and calls the module; gradients are averaged
     by the reducer's hooks during backward.
     """
 
@@ -49,6 +49,9 @@ class ReducedModule(nn.Module):
         broadcast_tensors([*module.parameters(), *module.buffers()])
         self.module = module
         self.broadcast_buffers = options.broadcast_buffers
+        # Torch DDP's flag and initial value: True until a forward that no synchronised backward
+        # follows (no grad, or inside no_sync); it decides whether the *next* forward syncs buffers.
+        self.require_forward_param_sync = True
         self.reducer = GradReducer(module, bucket_cap_mb=options.bucket_cap_mb,
                                    first_bucket_cap_mb=options.first_bucket_cap_mb,
                                    gradient_as_bucket_view=options.gradient_as_bucket_view,
@@ -58,13 +61,20 @@ class ReducedModule(nn.Module):
 
     @override
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        # Same condition as torch DDP: only a forward whose backward will be synchronised syncs
-        # buffers, so evaluation and accumulation steps cost no communication.
-        if self.broadcast_buffers and torch.is_grad_enabled() and self.reducer.require_backward_grad_sync:
-            buffers = list(self.module.buffers())
-            if buffers:
-                broadcast_tensors(buffers)
-        return self.module(*args, **kwargs)
+        if self.will_sync_module_buffers():
+            broadcast_tensors(list(self.module.buffers()))
+        output = self.module(*args, **kwargs)
+        # DDP's `_post_forward`, read after the forward as there: a raising forward leaves the flag.
+        self.require_forward_param_sync = torch.is_grad_enabled() and self.reducer.require_backward_grad_sync
+        return output
+
+    def will_sync_module_buffers(self) -> bool:
+        """Whether the next forward starts by copying rank 0's buffers: torch DDP's rule, decided by the
+        *previous* forward. So the first validation forward after a synchronised training step syncs
+        (evaluating with rank 0's BatchNorm statistics), the first training forward after validation
+        does not, and under accumulation only the first micro-batch of a window does. Matching it
+        keeps validation metrics and every rank's buffers equal to Lightning's `strategy="ddp"`."""
+        return self.require_forward_param_sync and self.broadcast_buffers and any(True for _ in self.module.buffers())
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:

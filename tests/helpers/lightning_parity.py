@@ -4,7 +4,8 @@
 
 MODE "parity": every case is fitted by `pytorch_lightning.Trainer` twice in the same processes,
 with Lightning's own `strategy="ddp"` and with our `LightningDDPStrategy`. MODE "ours": our
-`trainer.Trainer` fits unchanged `pytorch_lightning.demos` modules. Torchrun starts the ranks
+`trainer.Trainer` fits unchanged `pytorch_lightning.demos` modules. MODE "buffers": a BatchNorm
+module validated while fitting, under Lightning's "ddp" and ours, with what every rank saw. Torchrun starts the ranks
 once for all cases, so the Lightning imports are paid once, and neither Trainer re-runs pytest.
 Global rank 0 writes `OUT_DIR/MODE.pt` (weights-only loadable).
 """
@@ -22,6 +23,7 @@ import torch.distributed as dist
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.demos import BoringModel, DemoModel, LightningTransformer
 from pytorch_lightning.demos.boring_classes import ManualOptimBoringModel
+from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from strategies.lightning import LightningDDPStrategy, ReducedModule
@@ -171,6 +173,71 @@ def run_parity(out_dir: Path) -> dict[str, Any]:
     return results
 
 
+class BatchNormRegressor(pl.LightningModule):
+    """Validation depends on the BatchNorm running statistics, which differ by rank (each sees other data)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 1))
+        self.val_losses: list[float] = []  # this rank's own values: whose running statistics it used
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = nn.functional.mse_loss(self.net(batch[0]), batch[1])
+        self.log("train_loss", loss, sync_dist=True)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        loss = nn.functional.mse_loss(self.net(batch[0]), batch[1])
+        self.val_losses.append(float(loss))
+        self.log("val_loss", loss, sync_dist=True)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class ValidationRecorder(pl.Callback):
+    """The synced `val_loss` after every validation run, the sanity check included."""
+
+    def __init__(self) -> None:
+        self.values: list[float] = []
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.values.append(float(trainer.callback_metrics.get("val_loss", float("nan"))))
+
+
+def shifted_data(seed: int, n: int = 64) -> TensorDataset:
+    """Inputs far from zero mean, so the running statistics move a lot in a few steps."""
+    generator = torch.Generator().manual_seed(seed)
+    x = 2.0 + 3.0 * torch.randn(n, 8, generator=generator)
+    return TensorDataset(x, x[:, :1] - x[:, 1:2] ** 2 / 10)
+
+
+def all_ranks(value: Any) -> list[Any]:
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
+def fit_batchnorm(strategy: Any, **trainer_kwargs: Any) -> dict[str, Any]:
+    pl.seed_everything(0, verbose=False)
+    module, recorder = BatchNormRegressor(), ValidationRecorder()
+    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_epochs=2, val_check_interval=0.5,
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[recorder], **trainer_kwargs)
+    trainer.fit(module, DataLoader(shifted_data(4), batch_size=4, shuffle=True),
+                DataLoader(shifted_data(5, n=32), batch_size=4))
+    return {"val_loss": recorder.values, "rank_val_losses": all_ranks(module.val_losses),
+            "rank_weights": all_ranks(weights(module)), "global_step": trainer.global_step}
+
+
+BUFFER_CASES: dict[str, dict[str, Any]] = {"batchnorm": {}, "batchnorm-accumulate": {"accumulate_grad_batches": 2}}
+
+
+def run_buffers() -> dict[str, Any]:
+    return {name: {"ddp": fit_batchnorm("ddp", **kwargs), "ours": fit_batchnorm("bucket_ddp", **kwargs)}
+            for name, kwargs in BUFFER_CASES.items()}
+
+
 def fit_ours(module: Any, loader: DataLoader | None = None, **trainer_kwargs: Any) -> dict[str, Any]:
     from tests.helpers.rank_checks import RankAgreement
     from trainer import Trainer
@@ -204,7 +271,8 @@ def main(mode: str, out_dir: str) -> None:
     # One process group for all cases, owned here, so no Trainer destroys it between fits: our
     # DDPStrategy re-creating the default group on torchrun's store can hang on the second fit.
     dist.init_process_group("gloo")
-    results = run_parity(out) if mode == "parity" else run_ours()
+    runs = {"parity": lambda: run_parity(out), "ours": run_ours, "buffers": run_buffers}
+    results = runs[mode]()
     if dist.get_rank() == 0:
         torch.save(results, out / f"{mode}.pt")
     dist.barrier()

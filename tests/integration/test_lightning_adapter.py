@@ -2,6 +2,7 @@
 
 1. `LightningDDPStrategy` inside `pytorch_lightning.Trainer` ends with the same weights as
    Lightning's own `strategy="ddp"` (torch DDP) on Lightning's demo modules.
+   With BatchNorm, validation sees the same buffers on every rank as under torch DDP.
 2. The unified `lightning.pytorch.Trainer` trains with the unified variant.
 3. Our `Trainer` fits unchanged Lightning modules of both packages.
 
@@ -31,6 +32,7 @@ JOB_TIMEOUT_S = 150
 # collecting the suite does not import pytorch_lightning).
 PARITY_CASES = ("demo", "demo-accumulate", "transformer", "transformer-accumulate", "manual", "manual-accumulate",
                 "features-bf16")
+BUFFER_CASES = ("batchnorm", "batchnorm-accumulate")  # BUFFER_CASES there
 
 
 def _run(command: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -63,6 +65,11 @@ def parity(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def ours(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return _torchrun("ours", tmp_path_factory.mktemp("ours"))
+
+
+@pytest.fixture(scope="module")
+def buffers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return _torchrun("buffers", tmp_path_factory.mktemp("buffers"))
 
 
 def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -102,6 +109,23 @@ def test_compressed_comm_hook_by_name(parity: dict[str, Any]) -> None:
     assert run["reducer"]["comm_hook"] == "bf16_compress"
     assert run["rank_diff"] == 0.0
     assert _max_diff(run["weights"], parity["demo-bf16-hook"]["ddp"]["weights"]) < 0.1  # bf16 rounding
+
+
+@pytest.mark.timeout(JOB_TIMEOUT_S + 30)
+@pytest.mark.parametrize("case", BUFFER_CASES)
+def test_batchnorm_buffers_sync_like_lightning_ddp(buffers: dict[str, Any], case: str) -> None:
+    # Torch DDP copies rank 0's buffers at the start of a forward only when the previous forward
+    # was a synchronised training one, so the first validation forward after training syncs the
+    # running statistics and the first training forward after validation does not. Validation
+    # losses (per rank and synced) and every rank's final buffers show whether ours does the same.
+    ddp, ours_run = buffers[case]["ddp"], buffers[case]["ours"]
+    assert ours_run["global_step"] == ddp["global_step"] > 1
+    assert len(ddp["val_loss"]) == 5  # sanity check + two validations in each of two epochs
+    assert ours_run["val_loss"] == pytest.approx(ddp["val_loss"], rel=1e-6, abs=1e-6)
+    for rank, (ours_losses, ddp_losses) in enumerate(zip(ours_run["rank_val_losses"], ddp["rank_val_losses"])):
+        assert ours_losses == pytest.approx(ddp_losses, rel=1e-6, abs=1e-6), f"rank {rank}"
+    for rank, (ours_state, ddp_state) in enumerate(zip(ours_run["rank_weights"], ddp["rank_weights"])):
+        assert _max_diff(ours_state, ddp_state) < 1e-5, f"rank {rank}"
 
 
 # ---------------------------------------------------------------- 2. lightning.pytorch.Trainer
