@@ -164,6 +164,13 @@ class Strategy(abc.ABC):
         """Return rank `src`'s `obj` on every rank (any picklable object)."""
         return obj
 
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:  # noqa: A002 (Lightning's name)
+        """Agree on a flag across ranks: True if every rank says so (`all=True`) or any does. Lightning's
+        own callbacks (EarlyStopping, ModelCheckpoint) call this on the strategy."""
+        flags = self.reduce(torch.tensor(int(bool(decision)), device=self.root_device), "sum")
+        count = int(flags.item())
+        return count == self.world_size if all else count > 0
+
     def barrier(self, name: str | None = None) -> None:
         """Wait until every rank reaches this point."""
 

@@ -28,6 +28,7 @@ from trainer.seed import SEED_ENV, seed_everything
 from trainer.validation import apply_backend_flags
 
 _DATA_STAGE = {"validate": "validate", "test": "test", "predict": "predict"}
+_RUNNING_STAGE = {"fit": "train", "validate": "validate", "test": "test", "predict": "predict"}
 
 
 def run_stage(trainer: Any, stage: str, model: nn.Module, data: dict[str, Any]) -> Any:
@@ -39,7 +40,7 @@ def run_stage(trainer: Any, stage: str, model: nn.Module, data: dict[str, Any]) 
         _reseed_worker()
         apply_backend_flags(trainer.deterministic, trainer.benchmark)
     trainer.lightning_module, trainer.datamodule = model, data.get("datamodule")
-    trainer.state.fn, trainer.state.stage = stage, None
+    trainer.state.fn, trainer.state.stage = stage, _RUNNING_STAGE[stage]
     trainer.data.reset({"train": data.get("train_dataloaders"), "validate": data.get("val_dataloaders")}
                        if stage == "fit" else {_DATA_STAGE[stage]: data.get("dataloaders")})
     trainer.metric_store.clear_views()

@@ -77,18 +77,25 @@ def run_evaluation(trainer: Any, module: nn.Module, loaders: list[Any], stage: s
         trainer.state.stage = previous_stage
         return []
     store.reset_stage(stage)
+    with _no_grad(trainer):  # the whole stage, hooks included, as in Lightning
+        return _evaluate_loaders(trainer, module, loaders, stage, counts, previous_stage)
+
+
+def _evaluate_loaders(trainer: Any, module: nn.Module, loaders: list[Any], stage: str, counts: list[int],
+                      previous_stage: str | None) -> list[dict[str, float]]:
+    prefix, step_name = _STAGES[stage]
+    callbacks, store = trainer.callback_list, trainer.metric_store
     modes = _capture_modes(module)
     callbacks.call_module(f"on_{prefix}_model_eval", module)
     callbacks.call(f"on_{prefix}_start", trainer, module)
     callbacks.call(f"on_{prefix}_epoch_start", trainer, module)
-    with _no_grad(trainer):
-        for loader_idx, (loader, limit) in enumerate(zip(loaders, counts)):
-            store.dataloader_idx = loader_idx if len(loaders) > 1 else None
-            extra = (loader_idx,) if len(loaders) > 1 else ()
-            for batch_idx, batch in iterate_limited(trainer, loader, stage, dataloader_idx=loader_idx, limit=limit):
-                callbacks.call(f"on_{prefix}_batch_start", trainer, module, batch, batch_idx, *extra)
-                output = _step(trainer, module, step_name, batch, batch_idx, extra)
-                callbacks.call(f"on_{prefix}_batch_end", trainer, module, output, batch, batch_idx, *extra)
+    for loader_idx, (loader, limit) in enumerate(zip(loaders, counts)):
+        store.dataloader_idx = loader_idx if len(loaders) > 1 else None
+        extra = (loader_idx,) if len(loaders) > 1 else ()
+        for batch_idx, batch in iterate_limited(trainer, loader, stage, dataloader_idx=loader_idx, limit=limit):
+            callbacks.call(f"on_{prefix}_batch_start", trainer, module, batch, batch_idx, *extra)
+            output = _step(trainer, module, step_name, batch, batch_idx, extra)
+            callbacks.call(f"on_{prefix}_batch_end", trainer, module, output, batch, batch_idx, *extra)
     store.dataloader_idx = None
     store.compute_epoch(stage)
     callbacks.call(f"on_{prefix}_epoch_end", trainer, module)

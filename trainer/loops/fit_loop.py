@@ -61,8 +61,9 @@ def _should_sanity_check(trainer: Any, module: nn.Module) -> bool:
             and trainer.data.val_defined(trainer) and trainer.loop_state.batch_in_epoch == 0)
 
 
-def _request_train_loader(trainer: Any) -> Any:
-    loaders = trainer.data.request(trainer, "train")
+def _request_train_loader(trainer: Any, reload: bool = False) -> Any:
+    loaders = trainer.data.loaders.get("train") if not reload else None  # configure_optimizers may have asked
+    loaders = loaders or trainer.data.request(trainer, "train")
     if len(loaders) != 1:
         raise ValueError(f"fit() takes one training dataloader; got {len(loaders)}.")
     total = num_batches(trainer, loaders[0], "train")
@@ -83,7 +84,7 @@ def _maybe_reload(trainer: Any, module: nn.Module, train_loader: Any) -> Any:
     every = trainer.reload_dataloaders_every_n_epochs
     if not every or trainer.current_epoch - trainer.loop_state.train_loader_epoch < every:
         return train_loader
-    train_loader = _request_train_loader(trainer)
+    train_loader = _request_train_loader(trainer, reload=True)
     trainer.data.loaders.pop("validate", None)
     _request_val_loaders(trainer, module)
     return train_loader
