@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: train test bench typecheck clean
+.PHONY: train test conformance bench typecheck clean
 
 $(STAMP): pyproject.toml requirements/torch-cpu.txt
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,10 @@ train: $(STAMP)
 test: $(STAMP)
 	$(PY) -m mypy
 	$(PY) -m pytest -q
+
+# The slow differential runs against Lightning's own Trainer (2 processes, the whole corpus).
+conformance: $(STAMP)
+	$(PY) -m pytest -q -m conformance tests/conformance
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run

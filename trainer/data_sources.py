@@ -45,10 +45,14 @@ class DataSources:
     def __init__(self) -> None:
         self.given: dict[str, Any] = {}
         self.loaders: dict[str, list[Any]] = {}
+        # evaluation batches run per (stage, dataloader) since its loaders were requested: the step
+        # Lightning logs evaluation step values at
+        self.seen_batches: dict[tuple[str, int], int] = {}
 
     def reset(self, given: dict[str, Any]) -> None:
         self.given = {stage: loaders for stage, loaders in given.items() if loaders is not None}
         self.loaders = {}
+        self.seen_batches = {}
 
     def defined(self, trainer: Any, stage: str) -> bool:
         if stage in self.given:
@@ -77,6 +81,8 @@ class DataSources:
             loaders = [trainer.strategy.process_dataloader(loader, for_training=stage == "train")
                        if isinstance(loader, DataLoader) else loader for loader in loaders]
         self.loaders[stage] = loaders
+        for key in [key for key in self.seen_batches if key[0] == stage]:
+            del self.seen_batches[key]
         return loaders
 
     def count_training_batches(self, trainer: Any) -> int | float:
@@ -85,7 +91,9 @@ class DataSources:
         from trainer.loops.batches import num_batches
 
         loaders = self.loaders.get("train") or self.request(trainer, "train")
-        return num_batches(trainer, loaders[0], "train") if loaders else 0
+        count = num_batches(trainer, loaders[0], "train") if loaders else 0
+        trainer.num_training_batches = float("inf") if count < 0 else count
+        return trainer.num_training_batches
 
     @staticmethod
     def _from_hooks(trainer: Any, stage: str) -> Any:

@@ -95,6 +95,7 @@ class MetricStore:
         self._ranks = ranks
         self._entries: dict[tuple[str, str], _Entry] = {}
         self._step_logs: dict[str, float] = {}
+        self._eval_step_logs: dict[str, float] = {}
         self._pending_steps: dict[str, tuple[_Entry, torch.Tensor]] = {}
         self._warned: set[tuple[str, str]] = set()
         self.current_batch_size: int | None = None
@@ -142,7 +143,18 @@ class MetricStore:
             rank_zero_warn(f"self.log({entry.name!r}, on_step=True, sync_dist=True) during {entry.stage}: the "
                            f"step value is this rank's own, not synced (evaluation shards may be uneven, so a "
                            f"per-batch collective could hang); the epoch value is synced exactly.")
-        self._publish(entry, key, tensor, to_logger=True)
+        if entry.stage == "train":
+            self._publish(entry, key, tensor, to_logger=True)
+        else:  # Lightning: an evaluation step value goes to the logger (one row per batch), not to the
+            self._publish_eval_step(entry, key, tensor)  # callback metrics, which hold epoch values
+
+    def _publish_eval_step(self, entry: _Entry, key: str, tensor: torch.Tensor) -> None:
+        scalar = float(tensor.detach().float().cpu())
+        if entry.prog_bar:
+            self.progress_bar_metrics[key] = scalar
+        if entry.logger:
+            self._eval_step_logs[key] = scalar
+            self.logged_metrics[key] = scalar
 
     def _entry(self, fx: str, name: str, stage: str, on_step: bool, on_epoch: bool, prog_bar: bool,
                logger: bool, reduce_fx: Any, sync_dist: bool, suffix: str = "") -> _Entry:
@@ -184,6 +196,7 @@ class MetricStore:
             self.progress_bar_metrics[key] = float(scalar)
         if to_logger and entry.logger:
             self._step_logs[key] = float(scalar)
+            self.logged_metrics[key] = float(scalar)  # live, as Lightning's: hooks may read it
 
     # ------------------------------------------------------------------ loop interface
     def sync_pending(self) -> None:
@@ -222,6 +235,7 @@ class MetricStore:
         self.progress_bar_metrics.clear()
         self.logged_metrics.clear()
         self._step_logs.clear()
+        self._eval_step_logs.clear()
         self._pending_steps.clear()
         self._entries.clear()
 
@@ -312,6 +326,11 @@ class MetricStore:
         """The epoch-level keys `stage` logged (what `validate()`/`test()` return)."""
         return sorted(entry.keys()[1] for (entry_stage, _), entry in self._entries.items()
                       if entry_stage == stage and entry.on_epoch)
+
+    def pop_eval_step_metrics(self) -> dict[str, float]:
+        """The evaluation step values logged during the last batch (Lightning writes them per batch)."""
+        metrics, self._eval_step_logs = self._eval_step_logs, {}
+        return metrics
 
     def pop_logger_metrics(self) -> dict[str, float]:
         """Values due for the logger since the last call; the Trainer writes them on rank 0.

@@ -43,7 +43,8 @@ def run_stage(trainer: Any, stage: str, model: nn.Module, data: dict[str, Any]) 
     trainer.state.fn, trainer.state.stage = stage, _RUNNING_STAGE[stage]
     trainer.data.reset({"train": data.get("train_dataloaders"), "validate": data.get("val_dataloaders")}
                        if stage == "fit" else {_DATA_STAGE[stage]: data.get("dataloaders")})
-    trainer.metric_store.clear_views()
+    if stage == "fit":
+        trainer.metric_store.clear_views()  # evaluation stages clear them when their loop starts
     attach(model, trainer)
     if trainer.datamodule is not None:
         trainer.datamodule.trainer = trainer
@@ -112,11 +113,12 @@ def _run(trainer: Any, stage: str, model: nn.Module, data: dict[str, Any]) -> An
         module.zero_grad()
         loaders = trainer.data.request(trainer, "predict") if trainer.limit_predict_batches != 0 else []
         output = run_predict(trainer, module, loaders)
+        _finalize_loggers(trainer, "success")
     else:
         output = _evaluate(trainer, module, stage, ckpt_path, data.get("verbose", True))
-    callbacks.call("teardown", trainer, module, stage=stage)
-    if trainer.datamodule is not None:
+    if trainer.datamodule is not None:  # Lightning: the DataModule first, then callbacks, then the module
         trainer.datamodule.teardown(stage=stage)
+    callbacks.call("teardown", trainer, module, stage=stage)
     return output
 
 
@@ -130,7 +132,6 @@ def _fit(trainer: Any, module: nn.Module, ckpt_path: str | None) -> None:
     if checkpoint is not None:
         checkpointing.restore_training_state(trainer, module, checkpoint, path)
     _log_hyperparams(trainer, module)
-    _print_summary(trainer, module)
     callbacks = trainer.callback_list
     callbacks.call("on_fit_start", trainer, module)
     module.zero_grad()
@@ -215,7 +216,8 @@ def _best_path(trainer: Any) -> str:
 
 
 def _restore_weights(trainer: Any, module: nn.Module, ckpt_path: str | None) -> str | None:
-    """Load the weights `validate`/`test`/`predict` were asked to use; returns the file used."""
+    """Load the weights `validate`/`test`/`predict` were asked to use, then the module's and the
+    callbacks' `on_load_checkpoint` and the callbacks' states, as Lightning does; returns the file."""
     if ckpt_path is None:
         return None
     if ckpt_path == "best":
@@ -226,6 +228,7 @@ def _restore_weights(trainer: Any, module: nn.Module, ckpt_path: str | None) -> 
         return None
     checkpoint = _load(trainer, paths[0])
     checkpointing.restore_module(trainer.strategy.unwrap(module), checkpoint, paths[0])
+    checkpointing.restore_callbacks(trainer, module, checkpoint)
     return paths[0]
 
 
@@ -246,15 +249,6 @@ def _log_hyperparams(trainer: Any, module: nn.Module) -> None:
         logger.log_hyperparams(hparams)
         if callable(getattr(logger, "save", None)):
             logger.save()
-
-
-def _print_summary(trainer: Any, module: nn.Module) -> None:
-    if not (trainer.enable_model_summary and trainer.is_global_zero):
-        return
-    params = sum(p.numel() for p in module.parameters())
-    trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
-    trainer.print(f"{type(module).__name__}: {params:,} parameters ({trainable:,} trainable) | "
-                  f"{type(trainer.strategy).__name__} world_size={trainer.world_size} | precision {trainer.precision}")
 
 
 def _finalize_loggers(trainer: Any, status: str) -> None:

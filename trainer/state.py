@@ -31,10 +31,11 @@ class LoopState:
     # metrics are logged at; in manual optimization one per batch, however many optimizers stepped.
     stepped_batches: int = 0
     train_loader_epoch: int = 0  # the epoch the training loader was last requested in (never saved)
+    validated_in_fit: bool = False  # a validation (not the sanity check) ran in this fit (never saved)
 
     def state_dict(self) -> dict[str, Any]:
         transient = ("stage", "should_stop", "rng_to_restore", "resume_sample_offset", "is_last_batch",
-                     "train_loader_epoch")
+                     "train_loader_epoch", "validated_in_fit")
         return {k: v for k, v in asdict(self).items() if k not in transient}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -18,10 +18,12 @@ from torch import nn
 
 from strategies import Strategy, resolve_strategy
 from strategies.checkpoint_io import CheckpointError
-from trainer.callbacks.dispatch import CallbackList, adopt_callback, checkpoints_last, is_early_stopping, is_progress_bar
+from trainer.callbacks.dispatch import (CallbackList, adopt_callback, checkpoints_last, is_early_stopping,
+                                       is_model_summary, is_progress_bar)
 from trainer.checkpointing import build_checkpoint
 from trainer.logged_metrics import MetricStore
 from trainer.data_sources import DataSources, is_datamodule
+from trainer.lightning_views import FitLoopView, LoggerConnectorView
 from trainer.loggers.base import is_logger
 from trainer.optimizers import LRSchedulerConfig
 from trainer.precision import Precision, normalize_precision
@@ -135,7 +137,8 @@ class Trainer:
                                 devices=self.num_devices, num_nodes=self.num_nodes)
         self.loggers = self._build_loggers(args["logger"])
         self.callback_list = CallbackList(self._build_callbacks(
-            callbacks, args["enable_checkpointing"], args["enable_progress_bar"], enable_telemetry and not barebones))
+            callbacks, args["enable_checkpointing"], args["enable_progress_bar"], enable_telemetry and not barebones,
+            args["enable_model_summary"]))
         self.loop_state = LoopState()
         self.state = TrainerStatus()
         self.metric_store = MetricStore(self.strategy.reduce, ranks=self.strategy)
@@ -147,7 +150,7 @@ class Trainer:
         self.datamodule: Any = None
         self.data = DataSources()
         self.num_training_batches: int | float = float("inf")
-        self.num_val_batches: list[int | float] = []
+        self._num_val_batches: dict[str, list[int | float]] = {}
         self.num_test_batches: list[int | float] = []
         self.num_predict_batches: list[int | float] = []
         self.num_sanity_val_batches: list[int | float] = []
@@ -170,26 +173,24 @@ class Trainer:
         return loggers
 
     def _build_callbacks(self, callbacks: Any, checkpointing: bool, progress_bar: bool,
-                         telemetry: bool) -> list[Any]:
+                         telemetry: bool, model_summary: bool) -> list[Any]:
+        """The user's callbacks, then (Lightning's order) the progress bar, the model summary and
+        the checkpoint callback the flags ask for, and our telemetry; checkpointing runs last."""
+        from trainer.callbacks import ModelCheckpoint, ModelSummary, TQDMProgressBar
+        from trainer.callbacks.telemetry import TelemetryMonitor
+
         given = [callbacks] if callbacks is not None and not isinstance(callbacks, (list, tuple)) else list(callbacks or [])
         result = [adopt_callback(callback) for callback in given]
         if not isinstance(telemetry, bool):
             raise TypeError(f"enable_telemetry must be True or False, got {telemetry!r}.")
-        if telemetry and not self.fast_dev_run:
-            from trainer.callbacks.telemetry import TelemetryMonitor
-
-            if not any(isinstance(c, TelemetryMonitor) for c in result):
-                result.append(TelemetryMonitor())
-        if checkpointing and not self.fast_dev_run:
-            from trainer.callbacks import ModelCheckpoint
-
-            if not any(hasattr(c, "best_model_path") for c in result):
-                result.append(ModelCheckpoint())
-        if progress_bar:
-            from trainer.callbacks import TQDMProgressBar
-
-            if not any(is_progress_bar(c) for c in result):
-                result.append(TQDMProgressBar())
+        if progress_bar and not any(is_progress_bar(c) for c in result):
+            result.append(TQDMProgressBar())
+        if model_summary and not any(is_model_summary(c) for c in result):
+            result.append(ModelSummary())
+        if telemetry and not self.fast_dev_run and not any(isinstance(c, TelemetryMonitor) for c in result):
+            result.append(TelemetryMonitor())
+        if checkpointing and not self.fast_dev_run and not any(hasattr(c, "best_model_path") for c in result):
+            result.append(ModelCheckpoint())
         return checkpoints_last(result)
 
     # ------------------------------------------------------------------ entry points
@@ -254,6 +255,7 @@ class Trainer:
         self.lightning_module = model
         self._fitted = self._fitted or stage == "fit"
         self.state.status = "interrupted" if result.interrupted else "finished"
+        self.state.fn, self.state.stage = stage, None
         return result.output
 
     _fitted = False
@@ -292,6 +294,14 @@ class Trainer:
             metrics = {**metrics, "epoch": self.current_epoch}
             for logger in self.loggers:
                 logger.log_metrics(metrics, step=self.logger_step if step is None else step)
+
+    def write_eval_step_metrics(self, step: int) -> None:
+        """An evaluation batch's step values, one logger row per batch at `step` (the batches that
+        dataloader has run), without "epoch", as in Lightning."""
+        metrics = self.metric_store.pop_eval_step_metrics()
+        if metrics and self.is_global_zero and not self.sanity_checking:
+            for logger in self.loggers:
+                logger.log_metrics(metrics, step=step)
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         if self.is_global_zero:
@@ -333,6 +343,15 @@ class Trainer:
         """The module the strategy trains (Lightning: the wrapped model; ours is the module itself,
         with the gradient reducer attached to its parameters)."""
         return self.lightning_module
+
+    @property
+    def fit_loop(self) -> FitLoopView:
+        """Read-only: what Lightning's own callbacks read of Lightning's fit loop (trainer/lightning_views.py)."""
+        return FitLoopView(self)
+
+    @property
+    def _logger_connector(self) -> LoggerConnectorView:
+        return LoggerConnectorView(self)
 
     @property
     def global_rank(self) -> int:
@@ -416,6 +435,19 @@ class Trainer:
     def progress_bar_callback(self) -> Any:
         found = [c for c in self.callbacks if is_progress_bar(c)]
         return found[0] if found else None
+
+    @property
+    def num_val_batches(self) -> list[int | float]:
+        """Validation batches per dataloader: `validate()`'s during validate, else fit's (each keeps its
+        own, as Lightning's two validation loops do)."""
+        return self._num_val_batches.get(self._validation_owner(), [])
+
+    @num_val_batches.setter
+    def num_val_batches(self, value: list[int | float]) -> None:
+        self._num_val_batches[self._validation_owner()] = list(value)
+
+    def _validation_owner(self) -> str:
+        return "validate" if self.state.fn == "validate" else "fit"
 
     @property
     def enable_validation(self) -> bool:

@@ -47,6 +47,10 @@ def is_progress_bar(callback: Any) -> bool:
     return _class_named(callback, "TQDMProgressBar", "ProgressBar", "RichProgressBar")
 
 
+def is_model_summary(callback: Any) -> bool:
+    return _class_named(callback, "ModelSummary", "RichModelSummary")
+
+
 def is_monitoring(callback: Any) -> bool:
     """Checkpointing and early stopping read the epoch's final metrics: at epoch end they run after
     the module's own hook (which may still log), as in Lightning."""
@@ -64,10 +68,13 @@ class CallbackList:
         self.call_callbacks(hook, trainer, module, *args, **kwargs)
         return self.call_module(hook, module, *args, **kwargs)
 
-    def call_epoch_end(self, hook: str, trainer: Any, module: nn.Module) -> None:
-        """Epoch-end order: other callbacks, the module, then checkpointing and early stopping."""
+    def call_epoch_end(self, hook: str, trainer: Any, module: nn.Module, before_monitoring: Any = None) -> None:
+        """Epoch-end order: other callbacks, the module, then checkpointing and early stopping, which
+        see what the module logged in this very hook (`before_monitoring` publishes it)."""
         self.call_callbacks(hook, trainer, module, monitoring=False)
         self.call_module(hook, module)
+        if before_monitoring is not None:
+            before_monitoring()
         self.call_callbacks(hook, trainer, module, monitoring=True)
 
     def call_callbacks(self, hook: str, trainer: Any, module: nn.Module, *args: Any,

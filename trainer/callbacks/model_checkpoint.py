@@ -190,10 +190,17 @@ class ModelCheckpoint(Callback):
         for path in plan["save"]:
             trainer.save_checkpoint(path, self.save_weights_only)
             self._last_global_step_saved = trainer.global_step
+            self._tell_loggers(trainer)
         for path in plan["remove"]:
             trainer.strategy.remove_checkpoint(path)
         if self.verbose and plan["message"]:
             trainer.print(plan["message"])
+
+    def _tell_loggers(self, trainer: Any) -> None:
+        """Loggers that track checkpoints (Lightning's `after_save_checkpoint`) hear of each save."""
+        for logger in trainer.loggers:
+            if callable(getattr(logger, "after_save_checkpoint", None)):
+                logger.after_save_checkpoint(self)
 
     def _plan(self, trainer: Any, top_k: bool, missing_ok: bool) -> dict[str, Any]:
         """Rank 0 only: update the bookkeeping and list the files to write and to delete."""

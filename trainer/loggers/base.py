@@ -39,6 +39,13 @@ class Logger(abc.ABC):
     @abc.abstractmethod
     def log_hyperparams(self, params: Mapping[str, Any]) -> None: ...
 
+    def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
+        """Called by checkpoint callbacks after each save (Lightning's logger API); a logger that
+        uploads checkpoints overrides it."""
+
+    def log_graph(self, model: Any, input_array: Any = None) -> None:
+        """Lightning's logger API: record the model graph; nothing to do for file loggers."""
+
     def save(self) -> None:
         """Flush what is buffered."""
 

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainer.data_sources import overrides
 from trainer.loops.batches import iterate_limited, num_batches
 from trainer.loops.training_step import takes_batch_idx
 from trainer.module_adapter import set_current_hook
@@ -38,7 +39,8 @@ _STAGES = {"validate": ("validation", "validation_step"), "test": ("test", "test
 
 
 def has_step(module: nn.Module, stage: str) -> bool:
-    return callable(getattr(module, _STAGES[stage][1], None))
+    """The module implements the stage's step itself (Lightning's base class defines all of them)."""
+    return overrides(module, _STAGES[stage][1])
 
 
 def run_sanity_check(trainer: Any, module: nn.Module) -> None:
@@ -51,13 +53,15 @@ def run_sanity_check(trainer: Any, module: nn.Module) -> None:
     callbacks.call_callbacks("on_sanity_check_start", trainer, module)
     loaders = trainer.data.request(trainer, "validate", required=False)
     steps = trainer.num_sanity_val_steps
-    limits = [num_batches(trainer, loader, "validate") for loader in loaders]
-    limits = [limit if steps == -1 else (steps if limit < 0 else min(steps, limit)) for limit in limits]
+    full = [num_batches(trainer, loader, "validate") for loader in loaders]
+    trainer.num_val_batches = [float("inf") if count < 0 else count for count in full]
+    limits = [limit if steps == -1 else (steps if limit < 0 else min(steps, limit)) for limit in full]
     trainer.num_sanity_val_batches = limits
     if any(limits):
         run_evaluation(trainer, module, loaders, "validate", limits=limits)
     callbacks.call_callbacks("on_sanity_check_end", trainer, module)
     store.clear_views()
+    trainer.data.seen_batches.clear()  # the logger's evaluation steps count from the first real validation
     trainer.state.stage = None
     restore_rng_states(saved_rng, trainer.strategy.root_device.type)
 
@@ -76,8 +80,12 @@ def run_evaluation(trainer: Any, module: nn.Module, loaders: list[Any], stage: s
     if not loaders or not any(counts):
         trainer.state.stage = previous_stage
         return []
+    if trainer.state.fn != "fit":
+        store.clear_views()  # validate()/test() report only what they log (Lightning resets here)
     store.reset_stage(stage)
-    with _no_grad(trainer):  # the whole stage, hooks included, as in Lightning
+    if trainer.state.fn == "fit" and previous_stage != "sanity_check":
+        trainer.loop_state.validated_in_fit = True
+    with _eval_context(trainer):  # the whole stage, hooks included
         return _evaluate_loaders(trainer, module, loaders, stage, counts, previous_stage)
 
 
@@ -96,6 +104,9 @@ def _evaluate_loaders(trainer: Any, module: nn.Module, loaders: list[Any], stage
             callbacks.call(f"on_{prefix}_batch_start", trainer, module, batch, batch_idx, *extra)
             output = _step(trainer, module, step_name, batch, batch_idx, extra)
             callbacks.call(f"on_{prefix}_batch_end", trainer, module, output, batch, batch_idx, *extra)
+            seen = trainer.data.seen_batches.get((stage, loader_idx), 0)
+            trainer.write_eval_step_metrics(step=seen)
+            trainer.data.seen_batches[(stage, loader_idx)] = seen + 1
     store.dataloader_idx = None
     store.compute_epoch(stage)
     callbacks.call(f"on_{prefix}_epoch_end", trainer, module)
@@ -111,25 +122,30 @@ def _evaluate_loaders(trainer: Any, module: nn.Module, loaders: list[Any], stage
 
 def run_predict(trainer: Any, module: nn.Module, loaders: list[Any]) -> Any:
     """Predictions of this rank, per loader (a single loader gives a flat list)."""
-    callbacks = trainer.callback_list
     trainer.state.stage = "predict"
     counts = [num_batches(trainer, loader, "predict") for loader in loaders]
     trainer.num_predict_batches = [float("inf") if count < 0 else count for count in counts]
+    trainer.metric_store.clear_views()
+    with _eval_context(trainer):
+        return _predict_loaders(trainer, module, loaders)
+
+
+def _predict_loaders(trainer: Any, module: nn.Module, loaders: list[Any]) -> Any:
+    callbacks = trainer.callback_list
     modes = _capture_modes(module)
     callbacks.call_module("on_predict_model_eval", module)
     callbacks.call("on_predict_start", trainer, module)
     callbacks.call("on_predict_epoch_start", trainer, module)
     results: list[list[Any]] = []
-    with _no_grad(trainer):
-        for loader_idx, loader in enumerate(loaders):
-            extra = (loader_idx,) if len(loaders) > 1 else ()
-            outputs = []
-            for batch_idx, batch in iterate_limited(trainer, loader, "predict", dataloader_idx=loader_idx):
-                callbacks.call("on_predict_batch_start", trainer, module, batch, batch_idx, *extra)
-                output = _step(trainer, module, "predict_step", batch, batch_idx, extra)
-                callbacks.call("on_predict_batch_end", trainer, module, output, batch, batch_idx, *extra)
-                outputs.append(output)
-            results.append(outputs)
+    for loader_idx, loader in enumerate(loaders):
+        extra = (loader_idx,) if len(loaders) > 1 else ()
+        outputs = []
+        for batch_idx, batch in iterate_limited(trainer, loader, "predict", dataloader_idx=loader_idx):
+            callbacks.call("on_predict_batch_start", trainer, module, batch, batch_idx, *extra)
+            output = _step(trainer, module, "predict_step", batch, batch_idx, extra)
+            callbacks.call("on_predict_batch_end", trainer, module, output, batch, batch_idx, *extra)
+            outputs.append(output)
+        results.append(outputs)
     callbacks.call("on_predict_epoch_end", trainer, module)
     callbacks.call("on_predict_end", trainer, module)
     _set_modes(module, modes)
@@ -160,9 +176,14 @@ def _record_counts(trainer: Any, stage: str, counts: list[int], sanity: bool) ->
 
 
 @contextlib.contextmanager
-def _no_grad(trainer: Any) -> Iterator[None]:
-    """Lightning evaluates under torch.inference_mode by default (`inference_mode=False`: no_grad)."""
-    context = torch.inference_mode() if trainer.inference_mode else torch.no_grad()
+def _eval_context(trainer: Any) -> Iterator[None]:
+    """Lightning's rule: `validate`/`test`/`predict` run under torch.inference_mode (unless
+    `inference_mode=False`, or under gloo, whose collectives reject inference tensors); validation
+    inside `fit` under no_grad, so what it computes can still meet training tensors."""
+    gloo = torch.distributed.is_available() and torch.distributed.is_initialized() \
+        and torch.distributed.get_backend() == "gloo"
+    inference = trainer.inference_mode and not gloo and trainer.state.fn != "fit"
+    context = torch.inference_mode() if inference else torch.no_grad()
     with context:
         yield
 

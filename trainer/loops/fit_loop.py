@@ -29,6 +29,7 @@ from trainer.seed import restore_rank_rng_states
 
 def run_fit(trainer: Any, module: nn.Module) -> None:
     state, callbacks = trainer.loop_state, trainer.callback_list
+    state.validated_in_fit = False
     if _should_sanity_check(trainer, module):
         run_sanity_check(trainer, module)
     trainer.state.stage = "train"
@@ -141,7 +142,8 @@ def _run_epoch(trainer: Any, module: nn.Module, train_loader: Any) -> None:
             and _should_validate(trainer, last_idx, module, epoch_ended=True):
         run_evaluation(trainer, module, trainer.data.loaders.get("validate", []), "validate")
     store.compute_epoch("train")
-    callbacks.call_epoch_end("on_train_epoch_end", trainer, module)
+    callbacks.call_epoch_end("on_train_epoch_end", trainer, module,
+                             before_monitoring=lambda: store.compute_epoch("train"))
     store.compute_epoch("train")
     store.reset_metric_objects("train")
     if completed:
@@ -211,8 +213,7 @@ def _fit_done(trainer: Any) -> bool:
         if _can_stop_early(trainer):
             return True
         rank_zero_info(f"Trainer was signaled to stop but the required min_epochs={trainer.min_epochs} or "
-                       f"min_steps={trainer.min_steps} has not been met; training continues.")
-        trainer.should_stop = False
+                       f"min_steps={trainer.min_steps} has not been met; training continues until it is.")
     return False
 
 

@@ -168,6 +168,8 @@ def _run_manual_batch(trainer: Any, module: nn.Module, batch: Any, batch_idx: in
     """Manual optimization: the module calls `manual_backward` and `optimizer.step()` itself;
     the optimizers it gets from `self.optimizers()` count steps into `global_step`."""
     output = training_step(trainer, module, batch, batch_idx)
+    if output is None:
+        return {}
     if isinstance(output, torch.Tensor):
         return {"loss": output.detach()}
     if isinstance(output, Mapping) and isinstance(output.get("loss"), torch.Tensor):

@@ -1,0 +1,97 @@
+"""Lightning's own callbacks (ModelCheckpoint, LearningRateMonitor, the progress bars) read a few
+of Lightning's private trainer members; these read-only views answer them from our loop state,
+so those callbacks run unchanged in our Trainer. Nothing here is ours to extend: it mirrors
+exactly what Lightning 2.6's callbacks read (`trainer.fit_loop.epoch_loop...`,
+`trainer._logger_connector.should_update_logs`), and nothing writes through it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class _Counts:
+    """Lightning's progress counters, all equal to the batches finished in the epoch."""
+
+    def __init__(self, trainer: Any) -> None:
+        self._trainer = trainer
+
+    def __getattr__(self, name: str) -> int:
+        if name in ("ready", "started", "processed", "completed"):
+            return int(self._trainer.loop_state.batch_in_epoch)
+        raise AttributeError(name)
+
+
+class _BatchProgress:
+    def __init__(self, trainer: Any) -> None:
+        self._trainer = trainer
+        self.current = _Counts(trainer)
+
+    @property
+    def is_last_batch(self) -> bool:
+        return bool(self._trainer.loop_state.is_last_batch)
+
+
+class _ValLoop:
+    def __init__(self, trainer: Any) -> None:
+        self._trainer = trainer
+
+    @property
+    def _has_run(self) -> bool:
+        return bool(self._trainer.loop_state.validated_in_fit)
+
+
+class _EpochLoop:
+    def __init__(self, trainer: Any) -> None:
+        self._trainer = trainer
+        self.batch_progress = _BatchProgress(trainer)
+        self.val_loop = _ValLoop(trainer)
+
+    @property
+    def _batches_that_stepped(self) -> int:
+        return int(self._trainer.loop_state.stepped_batches)
+
+    @property
+    def global_step(self) -> int:
+        return int(self._trainer.global_step)
+
+    def _should_check_val_epoch(self) -> bool:
+        every = self._trainer.check_val_every_n_epoch
+        return self._trainer.enable_validation and (every is None or (self._trainer.current_epoch + 1) % every == 0)
+
+
+class FitLoopView:
+    """`trainer.fit_loop` as far as Lightning's callbacks look into it."""
+
+    def __init__(self, trainer: Any) -> None:
+        self._trainer = trainer
+        self.epoch_loop = _EpochLoop(trainer)
+
+    @property
+    def max_epochs(self) -> int | None:
+        return self._trainer.max_epochs
+
+    @property
+    def min_epochs(self) -> int | None:
+        return self._trainer.min_epochs
+
+    @property
+    def max_steps(self) -> int:
+        return self._trainer.max_steps
+
+    @property
+    def min_steps(self) -> int | None:
+        return self._trainer.min_steps
+
+
+class LoggerConnectorView:
+    """`trainer._logger_connector.should_update_logs`: will the current batch's values be logged."""
+
+    def __init__(self, trainer: Any) -> None:
+        self._trainer = trainer
+
+    @property
+    def should_update_logs(self) -> bool:
+        every = self._trainer.log_every_n_steps
+        return bool(every) and ((self._trainer.loop_state.stepped_batches + 1) % every == 0
+                                or self._trainer.should_stop)
