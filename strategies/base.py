@@ -132,6 +132,11 @@ class Strategy(abc.ABC):
         step: Callable[..., Any] = getattr(module, "training_step")
         return step(*args, **kwargs)
 
+    def evaluation_step(self, module: nn.Module, step_name: str, *args: Any) -> Any:
+        """Run `module.<step_name>` (validation_step, test_step, predict_step); a distributed strategy
+        may sync buffers first, by the same rule as before a training step."""
+        return getattr(module, step_name)(*args)
+
     def teardown(self) -> None:
         """Release what `setup_environment`/`setup_module` acquired. Safe to call twice."""
 

@@ -96,6 +96,7 @@ class DDPStrategy(Strategy):
         self._hang_guard: HangGuard | None = None
         self._environment: ClusterEnvironment | None = None
         self._reducer: GradReducer | None = None
+        self._buffers_due = True  # torch DDP's require_forward_param_sync: sync buffers at the next forward
         self._owns_process_group = False
 
     # ------------------------------------------------------------------ configuration
@@ -181,6 +182,7 @@ class DDPStrategy(Strategy):
         broadcast_tensors([*module.parameters(), *module.buffers()])
         if self._reducer is not None:
             self._reducer.remove()
+        self._buffers_due = True
         self._reducer = GradReducer(module, bucket_cap_mb=self.bucket_cap_mb,
                                     first_bucket_cap_mb=self.first_bucket_cap_mb,
                                     gradient_as_bucket_view=self.gradient_as_bucket_view,
@@ -197,10 +199,26 @@ class DDPStrategy(Strategy):
 
     @override
     def training_step(self, module: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        if self.broadcast_buffers and dist.is_initialized() and dist.get_world_size() > 1:
-            # Like DDP's forward: rank 0's running stats win, so every rank normalises alike.
-            broadcast_tensors(list(module.buffers()))
-        return super().training_step(module, *args, **kwargs)
+        return self._forward(module, "training_step", *args, **kwargs)
+
+    @override
+    def evaluation_step(self, module: nn.Module, step_name: str, *args: Any) -> Any:
+        return self._forward(module, step_name, *args)
+
+    def _forward(self, module: nn.Module, step_name: str, *args: Any, **kwargs: Any) -> Any:
+        """torch DDP's buffer rule, decided by the *previous* forward: rank 0's buffers (BatchNorm
+        running statistics) are broadcast before a forward when the one before ran with grad enabled
+        outside `no_sync()`, and before the very first. So the first validation forward after a
+        synchronised step syncs, the first training forward after validation does not, and only the
+        first micro-batch of an accumulation window does. Every rank takes the same branch (each has
+        at least one evaluation batch), so the broadcast cannot hang on uneven evaluation shards."""
+        if self._buffers_due and self.broadcast_buffers and dist.is_initialized() and dist.get_world_size() > 1:
+            buffers = list(module.buffers())
+            if buffers:
+                broadcast_tensors(buffers)
+        output = getattr(module, step_name)(*args, **kwargs)
+        self._buffers_due = torch.is_grad_enabled() and (self._reducer is None or self._reducer.require_backward_grad_sync)
+        return output
 
     @override
     def teardown(self) -> None:
