@@ -215,6 +215,8 @@ class Trainer:
                 weights_only: bool | None = None) -> Any:
         datamodule = _split_datamodule(dataloaders, datamodule)
         dataloaders = None if datamodule is dataloaders else dataloaders
+        if model is None and ckpt_path is None and self._fitted and self._best_checkpoint_known():
+            ckpt_path = "best"
         output = self._launch("predict", model, dict(dataloaders=dataloaders, datamodule=datamodule,
                                                      ckpt_path=ckpt_path))
         return output if return_predictions is not False else None
@@ -223,8 +225,8 @@ class Trainer:
                         verbose: bool, datamodule: Any) -> list[dict[str, float]]:
         datamodule = _split_datamodule(dataloaders, datamodule)
         dataloaders = None if datamodule is dataloaders else dataloaders
-        if model is None and self.lightning_module is not None and ckpt_path is None and stage != "fit":
-            ckpt_path = "best" if self.checkpoint_callback is not None and self._fitted else None
+        if model is None and ckpt_path is None and self._fitted and self._best_checkpoint_known():
+            ckpt_path = "best"  # Lightning: after fit, evaluating without a model uses the best checkpoint
         return self._launch(stage, model, dict(dataloaders=dataloaders, datamodule=datamodule, ckpt_path=ckpt_path,
                                                verbose=verbose))
 
@@ -259,6 +261,9 @@ class Trainer:
         return result.output
 
     _fitted = False
+
+    def _best_checkpoint_known(self) -> bool:
+        return bool(getattr(self.checkpoint_callback, "best_model_path", None))
 
     def _absorb(self, result: StageResult, model: nn.Module) -> None:
         """Apply rank 0's outcome to this (launching) process."""

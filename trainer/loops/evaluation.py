@@ -220,6 +220,6 @@ def _step(trainer: Any, module: nn.Module, step_name: str, batch: Any, batch_idx
         step = getattr(module, step_name)
         args = (batch, batch_idx, *extra) if takes_batch_idx(step) else (batch,)
         with trainer.precision_plugin.autocast():
-            return step(*args)
+            return trainer.strategy.evaluation_step(module, step_name, *args)
     finally:
         set_current_hook(module, None)
