@@ -32,7 +32,8 @@ _STEP_HOOKS = {
     "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad",
 }
 _REDUCE_NAMES: dict[Any, str] = {"mean": "mean", "sum": "sum", "max": "max", "min": "min",
-                                 torch.mean: "mean", torch.sum: "sum", torch.max: "max", torch.min: "min"}
+                                 torch.mean: "mean", torch.sum: "sum", torch.max: "max", torch.min: "min",
+                                 max: "max", min: "min", sum: "sum"}
 Reducer = Callable[[torch.Tensor, str], torch.Tensor]
 _Request = tuple[str, torch.Tensor]  # (op: "sum" | "max" | "min", float64 scalar)
 

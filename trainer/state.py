@@ -47,6 +47,18 @@ class LoopState:
             self.stepped_batches = self.global_step
 
 
+class _Name(str):
+    """A plain string that also answers `.value`, as Lightning's string enums do (`trainer.state.fn.value`)."""
+
+    @property
+    def value(self) -> str:
+        return str(self)
+
+
+def _named(value: str | None) -> _Name | None:
+    return None if value is None else _Name(value)
+
+
 @dataclass
 class TrainerStatus:
     """What the trainer is doing right now (Lightning's `trainer.state`): `status` is one of
@@ -57,6 +69,9 @@ class TrainerStatus:
     fn: str | None = None
     stage: str | None = None
     status: str = "initializing"
+
+    def __setattr__(self, name: str, value: object) -> None:
+        super().__setattr__(name, _named(value) if isinstance(value, str) else value)
 
     @property
     def finished(self) -> bool:

@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.conformance import corpus
-from tests.conformance.corpus import (AccumulateModule, ClassificationData, ClipModule, CustomClipModule, DictData,
-                                      EpochLossModule, HooksModule, HParamsModule, LazyModule, LoggingModule, ManualGAN,
-                                      RegressionData, Regressor, SCHEDULER_FORMS, SchedulerModule, TemplateModule,
-                                      TransferModule, TwoLoaderData, TwoLoadersModule, UnifiedClassificationData,
-                                      UnifiedHooksModule, UnifiedTemplateModule)
+from tests.conformance.corpus import (AccumulateModule, BatchNormModule, ClassificationData, ClipModule,
+                                      CustomClipModule, DictData, EpochLossModule, HooksModule, HParamsModule,
+                                      LazyModule, LoggingModule, ManualGAN, RankShiftedData, RegressionData, Regressor,
+                                      SCHEDULER_FORMS, SchedulerModule, TemplateModule, TransferModule, TwoLoaderData,
+                                      TwoLoadersModule, UnifiedClassificationData, UnifiedHooksModule,
+                                      UnifiedTemplateModule)
 
 
 def _recorded_class(cls: type) -> type:
@@ -66,7 +67,7 @@ _CASE_LIST = [
          {"max_epochs": 2, "enable_progress_bar": None, "enable_model_summary": None}, _ALL_STAGES, fast=True),
     Case("hooks_unified", _build(UnifiedHooksModule), None, {"max_epochs": 2}, _ALL_STAGES,
          package="lightning.pytorch", fast=True),
-    Case("logging", _build(LoggingModule), lambda: _recorded_class(RegressionData)(train=60, shuffle=False),
+    Case("logging", _build(LoggingModule), lambda: _recorded_class(RegressionData)(train=60, shuffle=True),
          _EVERY_BATCH, (("fit", {}), ("validate", {}), ("test", {})), fast=True),
     Case("two_val_loaders", _build(TwoLoadersModule), _build(TwoLoaderData), _EVERY_BATCH,
          (("fit", {}), ("validate", {}), ("test", {}))),
@@ -93,6 +94,10 @@ _CASE_LIST = [
                                                                    min_delta=10.0)]),
     Case("early_stop_val", _build(Regressor), _build(RegressionData), {"max_epochs": 6},
          callbacks=lambda package, dirpath: [package.EarlyStopping(monitor="val_loss", patience=1, mode="max")]),
+    # BatchNorm and several validations per epoch (the sanity check, then every half epoch): pins
+    # torch DDP's buffer-broadcast rule at 2 processes (test_two_processes.py checks it field by field).
+    Case("batchnorm_val_check", _build(BatchNormModule), _build(RankShiftedData),
+         {"max_epochs": 2, "val_check_interval": 0.5, "log_every_n_steps": 1}),
 ]
 CASES: dict[str, Case] = {case.name: case for case in _CASE_LIST}
 # Run at 2 processes too (Lightning ddp_spawn vs our ddp).

@@ -58,6 +58,45 @@ class DictDataset(Dataset):
         return {"x": x, "y": y}
 
 
+class RankShiftedDataset(Dataset):
+    """`regression(n, seed)` rows whose features depend on the rank reading them (at
+    `__getitem__`, in the worker): rank r sees `x * (1 + r) + 3 r`, so rank 0's batches have mean
+    about 0 and std about 1, rank 1's mean about 3 and std about 2. Each rank's BatchNorm running
+    statistics then drift far apart during training, and which rank's statistics an evaluation
+    forward uses changes its loss by far more than any tolerance."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.inner = regression(n, seed)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.inner[index]
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        return x * (1 + rank) + 3.0 * rank, y
+
+
+class RankShiftedData(pl.LightningDataModule):
+    """A shuffled training loader (Lightning's injected DistributedSampler always shuffles; ours
+    keeps the loader's shuffle=True; both seed it with PL_GLOBAL_SEED and set_epoch it, so every
+    rank gets the same batches under both) and an unshuffled validation set of 32 = 2 ranks x 2
+    batches x 8, which Lightning's padded sampler and our exactly-once shards split alike."""
+
+    def __init__(self, batch_size: int = 8, train: int = 96, val: int = 32) -> None:
+        super().__init__()
+        self.batch_size, self.sizes = batch_size, (train, val)
+
+    def setup(self, stage: str) -> None:
+        self.sets = [RankShiftedDataset(n, seed) for n, seed in zip(self.sizes, (1, 2))]
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.sets[0], batch_size=self.batch_size, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.sets[1], batch_size=self.batch_size)
+
+
 def _classification_data(base: type) -> type:
     class ClassificationData(base):  # type: ignore[misc, valid-type]
         """lightning-hydra-template's MNISTDataModule, with generated data."""
@@ -280,6 +319,37 @@ class Regressor(pl.LightningModule):
 
     def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         return self(batch[0])
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+class BatchNormModule(pl.LightningModule):
+    """Linear -> BatchNorm1d -> ReLU -> Linear. Under DDP its running statistics are buffers that
+    torch DDP broadcasts from rank 0 before a forward when the previous forward ran with grad
+    enabled outside no_sync (and before the first): so each validation run after training steps
+    normalises with rank 0's statistics on every rank, while training steps after a validation
+    keep each rank's own. `val_loss` is synced across ranks, so it shows which statistics rank 1
+    used."""
+
+    def __init__(self, hidden: int = 16, lr: float = 0.05) -> None:
+        super().__init__()
+        self.lr = lr
+        self.net = nn.Sequential(nn.Linear(REG_FEATURES, hidden), nn.BatchNorm1d(hidden), nn.ReLU(),
+                                 nn.Linear(hidden, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = F.mse_loss(self(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", F.mse_loss(self(x), y), sync_dist=True)
 
     def configure_optimizers(self) -> Any:
         return torch.optim.SGD(self.parameters(), lr=self.lr)
@@ -562,7 +632,7 @@ _BASES = {"pytorch_lightning": (pl.LightningModule, pl.LightningDataModule),
           "lightning.pytorch": (L.LightningModule, L.LightningDataModule)}
 for _cls, _package in [(ClassificationData, "pytorch_lightning"), (UnifiedClassificationData, "lightning.pytorch"),
                        (RegressionData, "pytorch_lightning"), (TwoLoaderData, "pytorch_lightning"),
-                       (DictData, "pytorch_lightning")]:
+                       (DictData, "pytorch_lightning"), (RankShiftedData, "pytorch_lightning")]:
     _recorded = recorded(_cls, _BASES[_package][1], src="datamodule")
     globals()[_recorded.__name__] = _recorded
 for _cls, _package in [(TemplateModule, "pytorch_lightning"), (UnifiedTemplateModule, "lightning.pytorch"),
@@ -572,6 +642,7 @@ for _cls, _package in [(TemplateModule, "pytorch_lightning"), (UnifiedTemplateMo
                        (SchedulerModule, "pytorch_lightning"), (HParamsModule, "pytorch_lightning"),
                        (LazyModule, "pytorch_lightning"), (TransferModule, "pytorch_lightning"),
                        (ClipModule, "pytorch_lightning"), (CustomClipModule, "pytorch_lightning"),
-                       (AccumulateModule, "pytorch_lightning"), (EpochLossModule, "pytorch_lightning")]:
+                       (AccumulateModule, "pytorch_lightning"), (EpochLossModule, "pytorch_lightning"),
+                       (BatchNormModule, "pytorch_lightning")]:
     _recorded = recorded(_cls, _BASES[_package][0])
     globals()[_recorded.__name__] = _recorded

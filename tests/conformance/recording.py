@@ -204,11 +204,21 @@ def _scheduler_index(trainer: Any, value: Any) -> int | None:
 
 
 # ---------------------------------------------------------------------- probes and snapshots
-def _probes(hook: str, module: Any) -> dict[str, float]:
+# Hooks at which a module's buffers (BatchNorm running statistics) are summed, per buffer and per
+# rank: before an evaluation loop's first forward (each rank's own statistics), after it (what
+# the buffer broadcast left), and at the end of training. Only modules that have buffers.
+_BUFFER_PROBE_HOOKS = ("on_validation_start", "on_validation_end", "on_train_end")
+
+
+def _probes(hook: str, module: Any) -> dict[str, Any]:
     """Numbers that show what the optimizer step saw: the gradient norm before the step
-    (before clipping, where Lightning calls on_before_optimizer_step) and the weights after."""
+    (before clipping, where Lightning calls on_before_optimizer_step) and the weights after;
+    and, at `_BUFFER_PROBE_HOOKS`, the module's buffers."""
     if not isinstance(module, torch.nn.Module):
         return {}
+    if hook in _BUFFER_PROBE_HOOKS:
+        buffers = {name: float(b.detach().double().sum()) for name, b in module.named_buffers()}
+        return {"buffer_sums": buffers} if buffers else {}
     params = list(module.parameters())
     if hook == "on_before_optimizer_step":
         grads = [p.grad.detach().double() for p in params if p.grad is not None]

@@ -198,6 +198,8 @@ class ModelCheckpoint(Callback):
 
     def _tell_loggers(self, trainer: Any) -> None:
         """Loggers that track checkpoints (Lightning's `after_save_checkpoint`) hear of each save."""
+        if not trainer.is_global_zero:
+            return
         for logger in trainer.loggers:
             if callable(getattr(logger, "after_save_checkpoint", None)):
                 logger.after_save_checkpoint(self)

@@ -51,6 +51,35 @@ class TQDMProgressBar(Callback):
     def enable(self) -> None:
         self._enabled = True
 
+    @property
+    def total_train_batches(self) -> int | float:
+        """Lightning's progress-bar totals (inf for data without a length)."""
+        return self._trainer_attr("num_training_batches", float("inf"))
+
+    @property
+    def total_val_batches(self) -> int | float:
+        counts = self._trainer_attr("num_val_batches", [])
+        return sum(counts) if counts else 0
+
+    @property
+    def total_test_batches(self) -> int | float:
+        counts = self._trainer_attr("num_test_batches", [])
+        return sum(counts) if counts else 0
+
+    @property
+    def total_predict_batches(self) -> int | float:
+        counts = self._trainer_attr("num_predict_batches", [])
+        return sum(counts) if counts else 0
+
+    def _trainer_attr(self, name: str, default: Any) -> Any:
+        trainer = getattr(self, "_trainer", None)
+        return getattr(trainer, name, default) if trainer is not None else default
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_trainer", None)  # the trainer travels to workers on its own
+        return state
+
     def get_metrics(self, trainer: Any, pl_module: Any) -> dict[str, Any]:
         """What the postfix shows: the loss, then every `prog_bar=True` metric, then `v_num`."""
         shown = {key: _scalar(value) for key, value in trainer.progress_bar_metrics.items()}
@@ -84,6 +113,7 @@ class TQDMProgressBar(Callback):
 
     @override
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._trainer = trainer
         self._rank_zero = trainer.is_global_zero
         self._interactive = stdout_is_terminal()
 
