@@ -7,6 +7,7 @@ collective the others have quit.
 
 from __future__ import annotations
 
+import enum
 import math
 import warnings
 from typing import Any, Literal
@@ -16,6 +17,16 @@ from typing_extensions import override
 
 from trainer.callbacks.base import Callback
 from trainer.callbacks.model_checkpoint import run_on_train_epoch_end
+
+
+class EarlyStoppingReason(enum.Enum):
+    """Why EarlyStopping stopped the fit (Lightning's names and values)."""
+
+    NOT_STOPPED = 0
+    STOPPING_THRESHOLD = 1
+    DIVERGENCE_THRESHOLD = 2
+    PATIENCE_EXHAUSTED = 3
+    NON_FINITE_METRIC = 4
 
 
 class EarlyStopping(Callback):
@@ -43,6 +54,8 @@ class EarlyStopping(Callback):
         self._check_on_train_epoch_end = check_on_train_epoch_end
         self.wait_count = 0
         self.stopped_epoch = 0
+        self.stopping_reason = EarlyStoppingReason.NOT_STOPPED
+        self.stopping_reason_message: str | None = None
         self.best_score = torch.tensor(math.inf if mode == "min" else -math.inf)
         self._fitting = False
 
@@ -59,7 +72,8 @@ class EarlyStopping(Callback):
     @override
     def state_dict(self) -> dict[str, Any]:
         return {"wait_count": self.wait_count, "stopped_epoch": self.stopped_epoch,
-                "best_score": self.best_score, "patience": self.patience}
+                "best_score": self.best_score, "patience": self.patience,
+                "stopping_reason": self.stopping_reason.value, "stopping_reason_message": self.stopping_reason_message}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -67,6 +81,8 @@ class EarlyStopping(Callback):
         self.stopped_epoch = state_dict["stopped_epoch"]
         self.best_score = state_dict["best_score"]
         self.patience = state_dict["patience"]
+        self.stopping_reason = EarlyStoppingReason(state_dict.get("stopping_reason", 0))
+        self.stopping_reason_message = state_dict.get("stopping_reason_message")
 
     @override
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
@@ -100,6 +116,7 @@ class EarlyStopping(Callback):
         if outcome["stop"]:
             trainer.should_stop = True
             self.stopped_epoch = trainer.current_epoch
+            self.stopping_reason_message = outcome["reason"]
         if self.verbose and outcome["reason"]:
             trainer.print(outcome["reason"])
 
@@ -119,15 +136,22 @@ class EarlyStopping(Callback):
         return {"stop": stop, "reason": reason, "state": self.state_dict()}
 
     def _evaluate_stopping_criteria(self, current: torch.Tensor) -> tuple[bool, str | None]:
+        """(stop?, the message saying why); sets `stopping_reason` when it stops."""
+        return self._stopping_decision(current)
+
+    def _stopping_decision(self, current: torch.Tensor) -> tuple[bool, str | None]:
         name, order = self.monitor, self.order_dict[self.mode]
         if self.check_finite and not torch.isfinite(current):
+            self.stopping_reason = EarlyStoppingReason.NON_FINITE_METRIC
             return True, (f"Monitored metric {name} = {current} is not finite. Previous best value was "
                           f"{float(self.best_score):.3f}. Signaling Trainer to stop.")
         if self.stopping_threshold is not None and self.monitor_op(current, self.stopping_threshold):
+            self.stopping_reason = EarlyStoppingReason.STOPPING_THRESHOLD
             return True, (f"Stopping threshold reached: {name} = {current} {order} {self.stopping_threshold}. "
                           "Signaling Trainer to stop.")
         if self.divergence_threshold is not None and self.monitor_op(-current, -self.divergence_threshold):
             beyond = self.order_dict["max" if self.mode == "min" else "min"]
+            self.stopping_reason = EarlyStoppingReason.DIVERGENCE_THRESHOLD
             return True, (f"Divergence threshold reached: {name} = {current} {beyond} "
                           f"{self.divergence_threshold}. Signaling Trainer to stop.")
         if self.monitor_op(current - self.min_delta, self.best_score):
@@ -136,6 +160,7 @@ class EarlyStopping(Callback):
             return False, f"Metric {name} improved{gain}. New best score: {float(current):.3f}"
         self.wait_count += 1
         if self.wait_count >= self.patience:
+            self.stopping_reason = EarlyStoppingReason.PATIENCE_EXHAUSTED
             return True, (f"Monitored metric {name} did not improve in the last {self.wait_count} records. "
                           f"Best score: {float(self.best_score):.3f}. Signaling Trainer to stop.")
         return False, None

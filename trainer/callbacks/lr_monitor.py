@@ -23,6 +23,9 @@ class LearningRateMonitor(Callback):
         self.logging_interval = logging_interval
         self.log_momentum, self.log_weight_decay = log_momentum, log_weight_decay
         self.lrs: dict[str, list[float]] = {}
+        # Lightning's public record of the latest values (None until first logged)
+        self.last_momentum_values: dict[str, float | None] = {}
+        self.last_weight_decay_values: dict[str, float | None] = {}
         self._last_logged_step = -1
 
     @override
@@ -34,7 +37,8 @@ class LearningRateMonitor(Callback):
     @override
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         step = trainer.global_step  # also repeated for every micro-batch of an accumulation window
-        due = (step + 1) % trainer.log_every_n_steps == 0 or trainer.should_stop
+        every = trainer.log_every_n_steps
+        due = bool(every) and ((step + 1) % every == 0 or trainer.should_stop)
         if self.logging_interval != "epoch" and due and step != self._last_logged_step:
             self._last_logged_step = step
             self._log(trainer, "step" if self.logging_interval is None else "any")
@@ -63,9 +67,10 @@ class LearningRateMonitor(Callback):
             self.lrs.setdefault(key, []).append(stats[key])
             if self.log_momentum:
                 momentum = group["betas"][0] if "betas" in group else group.get("momentum", 0.0)
-                stats[f"{key}-momentum"] = float(momentum)
+                stats[f"{key}-momentum"] = self.last_momentum_values[f"{key}-momentum"] = float(momentum)
             if self.log_weight_decay:
-                stats[f"{key}-weight_decay"] = float(group.get("weight_decay", 0.0))
+                decay = float(group.get("weight_decay", 0.0))
+                stats[f"{key}-weight_decay"] = self.last_weight_decay_values[f"{key}-weight_decay"] = decay
         return stats
 
 

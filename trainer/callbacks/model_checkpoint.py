@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 import os
 import re
+import time
 import warnings
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -64,7 +66,8 @@ class ModelCheckpoint(Callback):
                  save_top_k: int = 1, save_weights_only: bool = False, mode: Literal["min", "max"] = "min",
                  auto_insert_metric_name: bool = True, every_n_train_steps: int | None = None,
                  every_n_epochs: int | None = None, save_on_train_epoch_end: bool | None = None,
-                 enable_version_counter: bool = True) -> None:
+                 enable_version_counter: bool = True, save_on_exception: bool = False,
+                 train_time_interval: timedelta | None = None) -> None:
         _validate(monitor, mode, save_top_k, save_last, every_n_train_steps, every_n_epochs)
         self.dirpath = os.path.realpath(os.path.expanduser(dirpath)) if dirpath is not None else None
         self.filename, self.monitor, self.mode, self.verbose = filename, monitor, mode, verbose
@@ -72,8 +75,17 @@ class ModelCheckpoint(Callback):
         self.auto_insert_metric_name = auto_insert_metric_name
         self._save_on_train_epoch_end = save_on_train_epoch_end
         self._enable_version_counter = enable_version_counter
+        if train_time_interval is not None and (every_n_train_steps or every_n_epochs):
+            raise ValueError("ModelCheckpoint: pass one of every_n_train_steps, every_n_epochs and "
+                             "train_time_interval, not several.")
+        if train_time_interval is not None and not isinstance(train_time_interval, timedelta):
+            raise TypeError(f"ModelCheckpoint(train_time_interval={train_time_interval!r}) must be a "
+                            "datetime.timedelta.")
+        self.save_on_exception = bool(save_on_exception)
+        self._train_time_interval = train_time_interval
+        self._last_time_saved = time.monotonic()
         # Lightning's default when no trigger is given: once per epoch (after validation).
-        no_trigger = every_n_train_steps is None and every_n_epochs is None
+        no_trigger = every_n_train_steps is None and every_n_epochs is None and train_time_interval is None
         self._every_n_train_steps = every_n_train_steps or 0
         self._every_n_epochs = 1 if no_trigger else (every_n_epochs or 0)
         self.best_k_models: dict[str, torch.Tensor] = {}
@@ -91,7 +103,7 @@ class ModelCheckpoint(Callback):
     @override
     def state_key(self) -> str:
         settings = {"monitor": self.monitor, "mode": self.mode, "every_n_train_steps": self._every_n_train_steps,
-                    "every_n_epochs": self._every_n_epochs, "train_time_interval": None}
+                    "every_n_epochs": self._every_n_epochs, "train_time_interval": self._train_time_interval}
         return f"{type(self).__qualname__}{settings!r}"
 
     # ------------------------------------------------------------------ hooks
@@ -110,6 +122,47 @@ class ModelCheckpoint(Callback):
         if every >= 1 and trainer.global_step % every == 0 and not self._skip(trainer):
             # Before the first validation a validation metric cannot exist yet: warn, don't fail.
             self._save(trainer, top_k=True, missing_ok=not self._validation_ran)
+        elif self._train_time_interval is not None and self._time_due(trainer) and not self._skip(trainer):
+            self._save(trainer, top_k=True, missing_ok=not self._validation_ran)
+            self._last_time_saved = time.monotonic()
+
+    def _time_due(self, trainer: Any) -> bool:
+        """Rank 0's clock decides (one broadcast a batch), so every rank saves at the same step."""
+        assert self._train_time_interval is not None
+        elapsed = time.monotonic() - self._last_time_saved
+        return bool(trainer.strategy.broadcast(elapsed >= self._train_time_interval.total_seconds()))
+
+    @override
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self._last_time_saved = time.monotonic()
+
+    @override
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        """save_on_exception: keep the weights reached when fitting failed (one process only: under DDP
+        a rank that raised alone would wait forever for its peers inside the save)."""
+        if not (self.save_on_exception and self._fitting) or trainer.sanity_checking or trainer.fast_dev_run:
+            return
+        if self._last_global_step_saved == trainer.global_step:
+            return
+        if trainer.world_size > 1:
+            warnings.warn("ModelCheckpoint(save_on_exception=True) saves only in single-process runs; under DDP "
+                          "the other ranks may not reach the save. Use periodic checkpoints (every_n_train_steps).")
+            return
+        path = self._free_path(self._monitor_candidates(trainer), None, "")
+        trainer.save_checkpoint(path, self.save_weights_only)
+        self._last_global_step_saved = trainer.global_step
+        trainer.print(f"{type(exception).__name__} raised: saved checkpoint to {path}")
+
+    def to_yaml(self, filepath: str | os.PathLike[str] | None = None) -> None:
+        """Write `best_k_models` (path -> score) to a YAML file (default: dirpath/best_k_models.yaml)."""
+        import yaml
+
+        if filepath is None:
+            if self.dirpath is None:
+                raise ValueError("ModelCheckpoint.to_yaml() needs a filepath before the callback has a dirpath.")
+            filepath = os.path.join(self.dirpath, "best_k_models.yaml")
+        with open(filepath, "w") as handle:
+            yaml.dump({path: float(score) for path, score in self.best_k_models.items()}, handle)
 
     @override
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
