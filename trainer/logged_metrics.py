@@ -103,7 +103,7 @@ class MetricStore:
         self.dataloader_idx: int | None = None  # set by the evaluation loop when it has several loaders
         self.callback_metrics: dict[str, torch.Tensor] = {}
         self.progress_bar_metrics: dict[str, float] = {}
-        self.logged_metrics: dict[str, float] = {}
+        self.logged_metrics: dict[str, torch.Tensor] = {}  # scalar tensors, as Lightning's (loggers get floats)
 
     # ------------------------------------------------------------------ logging
     def log(self, fx: str, name: str, value: Any, prog_bar: bool = False, logger: bool = True,
@@ -113,8 +113,6 @@ class MetricStore:
         step_default = fx in _STEP_HOOKS
         on_step = on_step if on_step is not None else step_default
         on_epoch = on_epoch if on_epoch is not None else not step_default
-        if not on_step and not on_epoch:
-            raise ValueError(f"self.log({name!r}, on_step=False, on_epoch=False) logs nothing: set one of them True.")
         if fx.endswith("_epoch_end") or fx in ("on_train_end", "on_fit_end", "on_train_start", "on_fit_start",
                                                 "on_validation_end", "on_test_end", "on_validation_start",
                                                 "on_test_start", "on_train_epoch_start", "on_validation_epoch_start",
@@ -155,7 +153,7 @@ class MetricStore:
             self.progress_bar_metrics[key] = scalar
         if entry.logger:
             self._eval_step_logs[key] = scalar
-            self.logged_metrics[key] = scalar
+            self.logged_metrics[key] = torch.tensor(scalar)
 
     def _entry(self, fx: str, name: str, stage: str, on_step: bool, on_epoch: bool, prog_bar: bool,
                logger: bool, reduce_fx: Any, sync_dist: bool, suffix: str = "") -> _Entry:
@@ -197,7 +195,7 @@ class MetricStore:
             self.progress_bar_metrics[key] = float(scalar)
         if to_logger and entry.logger:
             self._step_logs[key] = float(scalar)
-            self.logged_metrics[key] = float(scalar)  # live, as Lightning's: hooks may read it
+            self.logged_metrics[key] = scalar  # live, as Lightning's: hooks may read it
 
     # ------------------------------------------------------------------ loop interface
     def sync_pending(self) -> None:
@@ -337,7 +335,6 @@ class MetricStore:
         """Values due for the logger since the last call; the Trainer writes them on rank 0.
         Never a collective (rank 0 alone calls it when finalising loggers)."""
         metrics, self._step_logs = self._step_logs, {}
-        self.logged_metrics.update(metrics)
         return metrics
 
     def state_dict(self) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from trainer.checkpointing import build_checkpoint
 from trainer.logged_metrics import MetricStore
 from trainer.data_sources import DataSources, is_datamodule
 from trainer.lightning_views import FitLoopView, LoggerConnectorView
-from trainer.loggers.base import is_logger
+from trainer.loggers.base import DummyLogger, is_logger
 from trainer.optimizers import LRSchedulerConfig
 from trainer.precision import Precision, normalize_precision
 from trainer.run import run_stage
@@ -159,8 +159,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ construction helpers
     def _build_loggers(self, logger: Any) -> list[Any]:
-        if self.fast_dev_run or self.barebones or logger is None or logger is False:
+        if self.barebones or logger is None or logger is False:
             return []
+        if self.fast_dev_run:
+            return [DummyLogger()]  # Lightning: a fast_dev_run writes no logs, but self.logger still works
         if logger is True:
             from trainer.loggers import TensorBoardLogger
 

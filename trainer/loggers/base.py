@@ -136,3 +136,33 @@ def is_logger(obj: Any) -> bool:
     """Ours or any Lightning `Logger` (anything with Lightning's logger interface)."""
     return isinstance(obj, Logger) or all(callable(getattr(obj, name, None))
                                           for name in ("log_metrics", "log_hyperparams", "finalize"))
+
+
+class _DummyExperiment:
+    """Any attribute is a do-nothing call, so `self.logger.experiment.add_image(...)` runs."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
+class DummyLogger(Logger):
+    """What `fast_dev_run` logs to (as in Lightning): it accepts everything and writes nothing, so
+    code that touches `self.logger` still runs."""
+
+    @property
+    def name(self) -> str:
+        return ""
+
+    @property
+    def version(self) -> str:
+        return ""
+
+    @property
+    def experiment(self) -> _DummyExperiment:
+        return _DummyExperiment()
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        pass
+
+    def log_hyperparams(self, params: Mapping[str, Any]) -> None:
+        pass
