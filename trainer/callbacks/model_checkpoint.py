@@ -12,6 +12,7 @@ import math
 import os
 import re
 import time
+import typing
 import warnings
 from datetime import timedelta
 from pathlib import Path
@@ -62,7 +63,7 @@ class ModelCheckpoint(Callback):
     STARTING_VERSION = 1
 
     def __init__(self, dirpath: str | os.PathLike[str] | None = None, filename: str | None = None,
-                 monitor: str | None = None, verbose: bool = False, save_last: bool | None = None,
+                 monitor: str | None = None, verbose: bool = False, save_last: bool | Literal["link"] | None = None,
                  save_top_k: int = 1, save_weights_only: bool = False, mode: Literal["min", "max"] = "min",
                  auto_insert_metric_name: bool = True, every_n_train_steps: int | None = None,
                  every_n_epochs: int | None = None, save_on_train_epoch_end: bool | None = None,
@@ -96,6 +97,7 @@ class ModelCheckpoint(Callback):
         self.last_model_path = ""
         self.current_score: torch.Tensor | None = None
         self._last_global_step_saved = 0  # like Lightning: nothing is saved before the first step
+        self._last_checkpoint_saved = ""  # rank 0: the newest file written, what save_last="link" points to
         self._fitting = False
         self._validation_ran = False
 
@@ -244,6 +246,8 @@ class ModelCheckpoint(Callback):
             trainer.save_checkpoint(path, self.save_weights_only)
             self._last_global_step_saved = trainer.global_step
             self._tell_loggers(trainer)
+        if plan.get("link"):
+            self._link(trainer, *plan["link"])
         for path in plan["remove"]:
             trainer.strategy.remove_checkpoint(path)
         if self.verbose and plan["message"]:
@@ -276,12 +280,29 @@ class ModelCheckpoint(Callback):
                 warnings.warn(self._missing_message(metrics) + " Skipping this save.", RuntimeWarning)
             else:
                 return {"error": self._missing_message(metrics)}
+        self._last_checkpoint_saved = save[-1] if save else self._last_checkpoint_saved
+        link = None
         if self.save_last:
             previous, self.last_model_path = self.last_model_path, self._free_path(
                 metrics, self.CHECKPOINT_NAME_LAST, self.last_model_path)
-            save.append(self.last_model_path)
+            if self.save_last == "link" and self._last_checkpoint_saved and self.save_top_k != 0:
+                link = (self._last_checkpoint_saved, self.last_model_path)
+            else:
+                save.append(self.last_model_path)
             self._remove_if_ours(previous, self.last_model_path, remove)
-        return {"save": save, "remove": remove, "state": self.state_dict(), "message": message}
+        return {"save": save, "remove": remove, "link": link, "state": self.state_dict(), "message": message}
+
+    @staticmethod
+    def _link(trainer: Any, target: str, link: str) -> None:
+        """save_last="link": `last.ckpt` becomes a relative symlink to the newest checkpoint, replaced
+        atomically on global rank 0 (no copy of the weights); every rank waits for it."""
+        if trainer.is_global_zero:
+            temporary = f"{link}.tmp-link"
+            if os.path.lexists(temporary):
+                os.remove(temporary)
+            os.symlink(os.path.relpath(target, os.path.dirname(link) or "."), temporary)
+            os.replace(temporary, link)
+        trainer.strategy.barrier("ModelCheckpoint link")
 
     def _plan_monitored(self, value: Any, metrics: dict[str, Any], save: list[str], remove: list[str]) -> str:
         current = torch.as_tensor(value).detach().float().cpu().reshape(())
@@ -364,11 +385,17 @@ def _validate(monitor: str | None, mode: str, save_top_k: int, save_last: bool |
     if monitor is None and save_top_k not in (-1, 0, 1):
         raise ValueError(f"ModelCheckpoint(save_top_k={save_top_k}, monitor=None) cannot rank checkpoints; "
                          "pass monitor='<logged metric>' or use save_top_k in (-1, 0, 1).")
-    if save_last not in (None, True, False):
-        raise ValueError(f"ModelCheckpoint(save_last={save_last!r}) is not supported; expected True, False or None.")
+    if save_last not in (None, True, False, "link"):
+        raise ValueError(f"ModelCheckpoint(save_last={save_last!r}) is not supported; expected True, False, 'link' "
+                         "or None.")
     for name, value in (("every_n_train_steps", every_n_train_steps), ("every_n_epochs", every_n_epochs)):
         if value is not None and value < 0:
             raise ValueError(f"ModelCheckpoint({name}={value}) must be >= 0 (0 disables this trigger).")
     if (every_n_train_steps or 0) > 0 and (every_n_epochs or 0) > 0:
         raise ValueError(f"ModelCheckpoint(every_n_train_steps={every_n_train_steps}, every_n_epochs="
                          f"{every_n_epochs}): the triggers are mutually exclusive; set only one of them.")
+
+
+# Real annotation objects on the signature (this module postpones annotations), so tools that build
+# command-line parsers from it (jsonargparse, LightningCLI) can read them.
+ModelCheckpoint.__init__.__annotations__ = typing.get_type_hints(ModelCheckpoint.__init__)

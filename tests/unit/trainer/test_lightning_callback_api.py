@@ -98,3 +98,20 @@ def test_lightnings_own_early_stopping_and_checkpoint_run_in_our_trainer(tmp_pat
     assert trainer.current_epoch == 1 and trainer.should_stop
     assert checkpoint.best_model_path and Path(checkpoint.best_model_path).is_file()
     assert trainer.checkpoint_callback is checkpoint
+
+
+def test_save_last_link_points_at_the_newest_checkpoint(tmp_path: Path) -> None:
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpts", save_last="link", save_top_k=-1)
+    _trainer(tmp_path, callbacks=[checkpoint], max_epochs=2).fit(TinyRegressor(), datamodule=RegressionData())
+    last = tmp_path / "ckpts" / "last.ckpt"
+    assert last.is_symlink() and last.resolve().name == "epoch=1-step=16.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 16
+    assert sorted(p.name for p in (tmp_path / "ckpts").iterdir()) == ["epoch=0-step=8.ckpt", "epoch=1-step=16.ckpt",
+                                                                       "last.ckpt"]
+
+
+def test_signature_annotations_are_objects_for_cli_tools() -> None:
+    import inspect
+
+    annotation = inspect.signature(ModelCheckpoint).parameters["save_last"].annotation
+    assert not isinstance(annotation, str) and "link" in repr(annotation)

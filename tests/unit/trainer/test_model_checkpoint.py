@@ -193,7 +193,7 @@ def test_missing_monitor_before_first_validation_only_warns(tmp_path: Path) -> N
     ({"save_top_k": 3}, "monitor=None"),
     ({"every_n_train_steps": 2, "every_n_epochs": 1}, "mutually exclusive"),
     ({"every_n_epochs": -1}, "every_n_epochs=-1"),
-    ({"save_last": "link"}, "save_last='link'"),
+    ({"save_last": "copy"}, "save_last='copy'"),
 ])
 def test_bad_arguments_raise_value_error(kwargs: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
