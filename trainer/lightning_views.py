@@ -69,7 +69,9 @@ class FitLoopView:
 
     @property
     def max_epochs(self) -> int | None:
-        return self._trainer.max_epochs
+        from trainer.loops.fit_loop import effective_max_epochs
+
+        return effective_max_epochs(self._trainer)
 
     @property
     def min_epochs(self) -> int | None:

@@ -27,9 +27,10 @@ from trainer.lightning_views import FitLoopView, LoggerConnectorView
 from trainer.loggers.base import DummyLogger, is_logger
 from trainer.optimizers import LRSchedulerConfig
 from trainer.precision import Precision, normalize_precision
+from trainer.loops.fit_loop import effective_max_epochs
 from trainer.run import run_stage
 from trainer.state import LoopState, TrainerStatus
-from trainer.validation import apply_backend_flags, resolve_trainer_args
+from trainer.validation import apply_backend_flags, defaults_from_env, resolve_trainer_args
 
 
 @dataclass
@@ -54,6 +55,7 @@ class Trainer:
     default" where Lightning uses `None` that way. Beyond Lightning: `enable_telemetry` and
     `on_nonfinite`."""
 
+    @defaults_from_env
     def __init__(
         self,
         *,
@@ -107,7 +109,9 @@ class Trainer:
         self.num_devices, self.num_nodes = int(args["devices"]), int(num_nodes)
         self.precision = normalize_precision(args["precision"])
         self.fast_dev_run = int(fast_dev_run)
-        self.max_epochs = 1 if self.fast_dev_run else (max_epochs if max_epochs is not None or max_steps >= 0 else 1000)
+        # Lightning: None with max_steps set means no epoch limit (-1); None alone means 1000 epochs in the
+        # loop (loops/fit_loop.effective_max_epochs) while the attribute stays None
+        self.max_epochs = 1 if self.fast_dev_run else (-1 if max_epochs is None and max_steps != -1 else max_epochs)
         self.min_epochs, self.min_steps = min_epochs, min_steps
         self.max_steps = self.fast_dev_run or max_steps
         self.max_time = args["max_time"]
@@ -485,9 +489,10 @@ class Trainer:
         if per_epoch == float("inf"):
             return float("inf") if self.max_steps == -1 else self.max_steps
         steps = max(1, math.ceil(per_epoch / self.accumulate_grad_batches)) if per_epoch else 0
-        if self.max_epochs in (None, -1):
+        max_epochs = effective_max_epochs(self)
+        if max_epochs == -1:
             return float("inf") if self.max_steps == -1 else self.max_steps
-        total = steps * self.max_epochs
+        total = steps * max_epochs
         return total if self.max_steps == -1 else min(total, self.max_steps)
 
     @property

@@ -6,7 +6,12 @@ for, and applies `barebones` and `overfit_batches`, so the Trainer stores plain 
 
 from __future__ import annotations
 
+import ast
+import functools
+import inspect
+import os
 import re
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -28,6 +33,26 @@ _UNSUPPORTED = {
     "plugins": "pass precision=... for precision and a Strategy(checkpoint_io=...) for checkpoint I/O",
     "model_registry": "upload checkpoints from ModelCheckpoint's dirpath yourself",
 }
+
+
+def defaults_from_env(init: Callable[..., None]) -> Callable[..., None]:
+    """Lightning's `PL_TRAINER_<ARG>` environment variables: each replaces that argument's default
+    (a value passed explicitly still wins); values are Python literals (`PL_TRAINER_MAX_STEPS=7`,
+    `PL_TRAINER_LOGGER=False`), anything else is taken as a string."""
+    names = [name for name in inspect.signature(init).parameters if name != "self"]
+
+    @functools.wraps(init)
+    def wrapper(self: Any, **kwargs: Any) -> None:
+        for name in names:
+            raw = os.environ.get(f"PL_TRAINER_{name.upper()}")
+            if raw is not None and name not in kwargs:
+                try:
+                    kwargs[name] = ast.literal_eval(raw)
+                except (ValueError, SyntaxError):
+                    kwargs[name] = raw
+        init(self, **kwargs)
+
+    return wrapper
 
 
 def resolve_trainer_args(args: dict[str, Any]) -> dict[str, Any]:

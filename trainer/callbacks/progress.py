@@ -52,6 +52,14 @@ class TQDMProgressBar(Callback):
         self._enabled = True
 
     @property
+    def trainer(self) -> Any:
+        """The Trainer this bar is attached to (set in `setup`), as Lightning's ProgressBar offers."""
+        trainer = getattr(self, "_trainer", None)
+        if trainer is None:
+            raise RuntimeError(f"{type(self).__name__} is not attached to a Trainer yet (it is, from setup on).")
+        return trainer
+
+    @property
     def total_train_batches(self) -> int | float:
         """Lightning's progress-bar totals (inf for data without a length)."""
         return self._trainer_attr("num_training_batches", float("inf"))

@@ -206,8 +206,8 @@ def _can_stop_early(trainer: Any) -> bool:
 def _fit_done(trainer: Any) -> bool:
     if _max_steps_reached(trainer):
         return True
-    max_epochs = trainer.max_epochs
-    if max_epochs is not None and max_epochs >= 0 and trainer.current_epoch >= max_epochs:
+    max_epochs = effective_max_epochs(trainer)
+    if max_epochs >= 0 and trainer.current_epoch >= max_epochs:
         return True
     if trainer.should_stop:
         if _can_stop_early(trainer):
@@ -215,6 +215,14 @@ def _fit_done(trainer: Any) -> bool:
         rank_zero_info(f"Trainer was signaled to stop but the required min_epochs={trainer.min_epochs} or "
                        f"min_steps={trainer.min_steps} has not been met; training continues until it is.")
     return False
+
+
+def effective_max_epochs(trainer: Any) -> int:
+    """Lightning's rule for `max_epochs=None`: no epoch limit when `max_steps` bounds the fit,
+    otherwise 1000 epochs (`trainer.max_epochs` itself stays None, as in Lightning)."""
+    if trainer.max_epochs is not None:
+        return int(trainer.max_epochs)
+    return -1 if trainer.max_steps != -1 else 1000
 
 
 def _max_steps_reached(trainer: Any) -> bool:

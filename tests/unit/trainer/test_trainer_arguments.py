@@ -1,0 +1,91 @@
+"""Lightning 2.6's Trainer arguments with Lightning's meaning (checked against Lightning's Trainer
+where it has the same attribute): PL_TRAINER_* environment defaults, max_epochs=None, barebones,
+max_time, overfit_batches, min_epochs, refused arguments."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.helpers.models import RegressionData, TinyRegressor
+from trainer import Trainer
+from trainer.callbacks import Callback
+
+
+def _trainer(tmp_path: Path, **kwargs: Any) -> Trainer:
+    defaults = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
+                    enable_checkpointing=False, default_root_dir=tmp_path, num_sanity_val_steps=0,
+                    enable_telemetry=False)
+    return Trainer(**{**defaults, **kwargs})
+
+
+def test_environment_variables_replace_defaults_not_explicit_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PL_TRAINER_MAX_STEPS", "7")
+    monkeypatch.setenv("PL_TRAINER_LOGGER", "False")
+    assert Trainer().max_steps == 7 and Trainer().logger is None
+    assert Trainer(max_steps=3).max_steps == 3
+
+
+def test_max_epochs_none_means_max_steps_or_a_thousand_epochs(tmp_path: Path) -> None:
+    assert Trainer().max_epochs is None  # as in Lightning; the loop uses 1000 epochs
+    trainer = _trainer(tmp_path, max_steps=11)
+    assert trainer.max_epochs == -1
+    trainer.fit(TinyRegressor(), datamodule=RegressionData())  # 8 batches an epoch: the limit is max_steps
+    assert trainer.global_step == 11 and trainer.current_epoch == 2  # Lightning's values for the same run
+
+
+def test_barebones_switches_off_what_costs_speed_and_refuses_conflicts() -> None:
+    trainer = Trainer(barebones=True)
+    assert trainer.loggers == [] and trainer.checkpoint_callback is None and trainer.progress_bar_callback is None
+    assert trainer.num_sanity_val_steps == 0 and trainer.log_every_n_steps == 0
+    with pytest.raises(ValueError, match="barebones=True, enable_checkpointing=True"):
+        Trainer(barebones=True, enable_checkpointing=True)
+
+
+@pytest.mark.parametrize(("value", "expected"), [("00:01:00:00", timedelta(hours=1)),
+                                                 ({"minutes": 5}, timedelta(minutes=5)),
+                                                 (timedelta(seconds=3), timedelta(seconds=3))])
+def test_max_time_forms(value: Any, expected: timedelta) -> None:
+    assert Trainer(max_time=value).max_time == expected
+
+
+def test_max_time_stops_at_the_next_batch(tmp_path: Path) -> None:
+    trainer = _trainer(tmp_path, max_time=timedelta(0), max_epochs=5)
+    trainer.fit(TinyRegressor(), datamodule=RegressionData())
+    assert trainer.global_step == 1
+
+
+def test_overfit_batches_trains_on_the_same_first_batches_unshuffled(tmp_path: Path) -> None:
+    seen: list[torch.Tensor] = []
+
+    class Record(Callback):
+        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+            seen.append(batch[0].clone())
+
+    trainer = _trainer(tmp_path, overfit_batches=2, max_epochs=2, callbacks=[Record()])
+    trainer.fit(TinyRegressor(), datamodule=RegressionData(shuffle=True))
+    assert len(seen) == 4 and trainer.num_training_batches == 2
+    data = RegressionData()
+    data.setup("fit")
+    torch.testing.assert_close(seen[0], data.train_set.tensors[0][:8])  # in order: shuffling switched off
+    torch.testing.assert_close(seen[2], seen[0])
+
+
+def test_should_stop_waits_for_min_epochs(tmp_path: Path) -> None:
+    class StopAtOnce(Callback):
+        def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+            trainer.should_stop = True
+
+    trainer = _trainer(tmp_path, min_epochs=3, max_epochs=10, callbacks=[StopAtOnce()])
+    trainer.fit(TinyRegressor(), datamodule=RegressionData())
+    assert trainer.current_epoch == 3
+
+
+@pytest.mark.parametrize("name", ["profiler", "plugins", "model_registry"])
+def test_arguments_we_cannot_honour_are_refused_by_name(name: str) -> None:
+    with pytest.raises(ValueError, match=f"Trainer\\({name}="):
+        Trainer(**{name: "simple"})
