@@ -89,7 +89,7 @@ class FakeTrainer:
 
     @property
     def logger_step(self) -> int:
-        return max(0, self.global_step - 1)  # as Trainer.logger_step
+        return max(0, self.global_step - 1)  # as Trainer.logger_step after a batch's step (one step per batch)
 
     @property
     def global_rank(self) -> int:

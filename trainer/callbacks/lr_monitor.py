@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Literal
 
 import torch
@@ -33,10 +34,13 @@ class LearningRateMonitor(Callback):
         if not trainer.loggers:
             raise ValueError("LearningRateMonitor needs a logger but the Trainer has none (logger=False); "
                              "pass Trainer(logger=True) or a Logger, or remove the callback.")
+        if self.log_momentum and not all(_has_momentum(optimizer) for optimizer in trainer.optimizers):
+            warnings.warn("LearningRateMonitor(log_momentum=True): some optimizers do not have momentum; their "
+                          "momentum is logged as 0.", RuntimeWarning, stacklevel=2)
 
     @override
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        step = trainer.global_step  # also repeated for every micro-batch of an accumulation window
+        step = _batches_stepped(trainer)  # one per batch however many optimizers stepped (Lightning's count)
         every = trainer.log_every_n_steps
         due = bool(every) and ((step + 1) % every == 0 or trainer.should_stop)
         if self.logging_interval != "epoch" and due and step != self._last_logged_step:
@@ -58,7 +62,7 @@ class LearningRateMonitor(Callback):
         trainer.callback_metrics.update({key: torch.tensor(value) for key, value in stats.items()})
         if trainer.is_global_zero:
             for logger in trainer.loggers:
-                logger.log_metrics(stats, step=trainer.global_step)
+                logger.log_metrics(stats, step=_batches_stepped(trainer))
 
     def _stats(self, optimizer: Any, keys: list[str]) -> dict[str, float]:
         stats: dict[str, float] = {}
@@ -72,6 +76,17 @@ class LearningRateMonitor(Callback):
                 decay = float(group.get("weight_decay", 0.0))
                 stats[f"{key}-weight_decay"] = self.last_weight_decay_values[f"{key}-weight_decay"] = decay
         return stats
+
+
+def _batches_stepped(trainer: Any) -> int:
+    """Batches that ended with an optimizer step before this one (what Lightning logs learning rates
+    at); a trainer without that count (one step per batch) answers with global_step."""
+    loop_state = getattr(trainer, "loop_state", None)
+    return int(getattr(loop_state, "stepped_batches", trainer.global_step))
+
+
+def _has_momentum(optimizer: Any) -> bool:
+    return all("betas" in group or "momentum" in group for group in optimizer.param_groups)
 
 
 def _named_optimizers(trainer: Any) -> list[tuple[Any, list[str], str | None]]:

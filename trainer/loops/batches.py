@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset
 
+from trainer.data_sources import overrides
 from trainer.precision import move_to_device
 
 _EVAL_STAGES = ("validate", "test", "predict")
@@ -78,17 +79,21 @@ def iterate_limited(trainer: Any, loader: Any, stage: str, skip: int = 0,
 
 
 def transfer_batch(trainer: Any, batch: Any, dataloader_idx: int) -> Any:
-    """Lightning's order: precision conversion, then the module's on_before_batch_transfer,
-    transfer_batch_to_device and on_after_batch_transfer hooks (plain device placement for a
-    module without them)."""
+    """Lightning's order: precision conversion, then on_before_batch_transfer,
+    transfer_batch_to_device and on_after_batch_transfer, each the DataModule's when it overrides
+    it, else the module's (plain device placement for a module without them)."""
     batch = trainer.precision_plugin.convert_input(batch)
     module, device = trainer.lightning_module, trainer.strategy.root_device
-    call = trainer.callback_list.call_module
     if not callable(getattr(module, "transfer_batch_to_device", None)):
         return move_to_device(batch, device)
-    batch = call("on_before_batch_transfer", module, batch, dataloader_idx)
-    batch = call("transfer_batch_to_device", module, batch, device, dataloader_idx)
-    return call("on_after_batch_transfer", module, batch, dataloader_idx)
+
+    def call(hook: str, *args: Any) -> Any:
+        owner = trainer.datamodule if overrides(trainer.datamodule, hook) else module
+        return trainer.callback_list.call_module(hook, owner, *args)
+
+    batch = call("on_before_batch_transfer", batch, dataloader_idx)
+    batch = call("transfer_batch_to_device", batch, device, dataloader_idx)
+    return call("on_after_batch_transfer", batch, dataloader_idx)
 
 
 def _may_be_uneven(loader: Any) -> bool:
@@ -122,3 +127,11 @@ def _batch_size(batch: Any) -> int | None:
             if size is not None:
                 return size
     return None
+
+
+def set_sampler_epoch(loader: Any, epoch: int) -> None:
+    """DistributedSampler shuffles by epoch: without this every epoch repeats one order."""
+    for source in (getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None)):
+        for candidate in (source, getattr(source, "sampler", None)):
+            if callable(getattr(candidate, "set_epoch", None)):
+                candidate.set_epoch(epoch)

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from trainer.data_sources import overrides
-from trainer.loops.batches import iterate_limited, num_batches
+from trainer.loops.batches import iterate_limited, num_batches, set_sampler_epoch
 from trainer.loops.training_step import takes_batch_idx
 from trainer.module_adapter import set_current_hook
 from trainer.seed import rng_states, restore_rng_states
@@ -85,6 +85,9 @@ def run_evaluation(trainer: Any, module: nn.Module, loaders: list[Any], stage: s
     store.reset_stage(stage)
     if trainer.state.fn == "fit" and previous_stage != "sanity_check":
         trainer.loop_state.validated_in_fit = True
+    if trainer.state.fn == "fit":
+        for loader in loaders:  # as Lightning: validation samplers may shuffle by the training epoch
+            set_sampler_epoch(loader, trainer.current_epoch)
     with _eval_context(trainer):  # the whole stage, hooks included
         return _evaluate_loaders(trainer, module, loaders, stage, counts, previous_stage)
 

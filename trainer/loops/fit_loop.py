@@ -21,7 +21,7 @@ from typing import Any
 from torch import nn
 
 from strategies.rank_zero import rank_zero_info, rank_zero_warn
-from trainer.loops.batches import iterate_limited, num_batches
+from trainer.loops.batches import iterate_limited, num_batches, set_sampler_epoch
 from trainer.loops.evaluation import has_step, run_evaluation, run_sanity_check
 from trainer.loops.training_step import run_training_batch, step_schedulers
 from trainer.seed import restore_rank_rng_states
@@ -97,7 +97,7 @@ def _as_count(total: int) -> int | float:
 
 def _run_epoch(trainer: Any, module: nn.Module, train_loader: Any) -> None:
     state, callbacks, store = trainer.loop_state, trainer.callback_list, trainer.metric_store
-    _set_sampler_epoch(train_loader, state.current_epoch)
+    set_sampler_epoch(train_loader, state.current_epoch)
     start_sample, state.resume_sample_offset = state.resume_sample_offset, 0
     if start_sample:  # the sampler starts where the other world size stopped: nothing to draw and skip
         _resumable_sampler(train_loader).set_start_sample(start_sample)  # type: ignore[union-attr]
@@ -112,8 +112,9 @@ def _run_epoch(trainer: Any, module: nn.Module, train_loader: Any) -> None:
         last_idx = batch_idx
         state.is_last_batch = batch_idx + 1 == total
         if callbacks.call("on_train_batch_start", trainer, module, batch, batch_idx) == -1:
-            stopped = True
-            break  # Lightning: returning -1 ends the epoch early
+            step_schedulers(trainer, module, "epoch", plateau=False)  # Lightning: the epoch ends here
+            last_idx, stopped = (total - 1 if total != float("inf") else batch_idx), True
+            break  # Lightning: returning -1 ends the epoch early (counted as its last batch)
         window_end = (batch_idx + 1) % trainer.accumulate_grad_batches == 0 or batch_idx + 1 == total
         output = run_training_batch(trainer, module, batch, batch_idx, window_end)
         store.sync_pending()  # the step's sync_dist values, one collective, before callbacks read them
@@ -291,11 +292,3 @@ def _restore_rng(trainer: Any) -> None:
     states, trainer.loop_state.rng_to_restore = trainer.loop_state.rng_to_restore, None
     if states is not None:
         restore_rank_rng_states(states, trainer.global_rank, trainer.strategy.root_device.type)
-
-
-def _set_sampler_epoch(loader: Any, epoch: int) -> None:
-    """DistributedSampler shuffles by epoch: without this every epoch repeats one order."""
-    for source in (getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None)):
-        for candidate in (source, getattr(source, "sampler", None)):
-            if callable(getattr(candidate, "set_epoch", None)):
-                candidate.set_epoch(epoch)

@@ -115,3 +115,39 @@ def test_signature_annotations_are_objects_for_cli_tools() -> None:
 
     annotation = inspect.signature(ModelCheckpoint).parameters["save_last"].annotation
     assert not isinstance(annotation, str) and "link" in repr(annotation)
+
+
+def test_lr_monitor_counts_batches_not_optimizer_steps_and_warns_without_momentum(tmp_path: Path) -> None:
+    class TwoOptimizers(TinyRegressor):
+        def __init__(self) -> None:
+            super().__init__()
+            self.automatic_optimization = False
+
+        def training_step(self, batch: Any, batch_idx: int) -> None:
+            for optimizer in self.optimizers():
+                optimizer.zero_grad()
+                self.manual_backward(torch.nn.functional.mse_loss(self(batch[0]), batch[1]))
+                optimizer.step()
+
+        def configure_optimizers(self) -> Any:
+            return [torch.optim.ASGD(self.parameters(), lr=0.01), torch.optim.ASGD(self.parameters(), lr=0.02)]
+
+    monitor = LearningRateMonitor(logging_interval="step", log_momentum=True)
+    trainer = _trainer(tmp_path, callbacks=[monitor], logger=CSVLogger(tmp_path), max_epochs=1, log_every_n_steps=2)
+    with pytest.warns(RuntimeWarning, match="do not have momentum"):
+        trainer.fit(TwoOptimizers(), datamodule=RegressionData())
+    assert trainer.global_step == 16  # two optimizer steps a batch
+    assert monitor.lrs == {"lr-ASGD": [0.01] * 4, "lr-ASGD-1": [0.02] * 4}  # every 2nd of 8 batches
+
+
+def test_a_datamodules_transfer_hook_wins_over_the_modules(tmp_path: Path) -> None:
+    class Doubling(RegressionData):
+        def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+            return [batch[0] * 0.0, batch[1] * 0.0]
+
+    class Probe(TinyRegressor):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            assert float(batch[0].abs().sum()) == 0.0
+            return super().training_step(batch, batch_idx)
+
+    _trainer(tmp_path, max_epochs=1).fit(Probe(), datamodule=Doubling())
