@@ -160,6 +160,7 @@ class Trainer:
         self.num_sanity_val_batches: list[int | float] = []
         self.ckpt_path: str | None = None
         self.received_sigterm = False
+        self._fitted = False  # a fit ran on the current model: evaluating it without one may use "best"
 
     # ------------------------------------------------------------------ construction helpers
     def _build_loggers(self, logger: Any) -> list[Any]:
@@ -244,7 +245,7 @@ class Trainer:
         if model is None:
             raise TypeError(f"Trainer.{stage}() needs a model: pass one, or call fit(model) first.")
         ckpt_path = data.get("ckpt_path")
-        if ckpt_path not in (None, "last", "best", "registry") and not os.path.isfile(ckpt_path):
+        if ckpt_path not in (None, "last", "best") and not os.path.isfile(ckpt_path):
             raise CheckpointError(f"ckpt_path={ckpt_path!r} does not exist; pass a checkpoint file, 'best', 'last' "
                                   "or None.")
         if data.get("datamodule") is None:
@@ -265,8 +266,6 @@ class Trainer:
         self.state.status = "interrupted" if result.interrupted else "finished"
         self.state.fn, self.state.stage = stage, None
         return result.output
-
-    _fitted = False
 
     def _best_checkpoint_known(self) -> bool:
         return bool(getattr(self.checkpoint_callback, "best_model_path", None))
