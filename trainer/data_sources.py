@@ -10,6 +10,7 @@ from state set up earlier (`setup`, `configure_optimizers`) see that state.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
@@ -19,7 +20,7 @@ from strategies.rank_zero import rank_zero_warn
 
 HOOKS = {"train": "train_dataloader", "validate": "val_dataloader", "test": "test_dataloader",
          "predict": "predict_dataloader"}
-_BASE_CLASSES = ("LightningDataModule", "LightningModule", "DataHooks")
+_BASE_CLASSES = ("LightningDataModule", "LightningModule", "DataHooks", "ModelHooks")
 
 
 def is_datamodule(obj: Any) -> bool:
@@ -32,7 +33,12 @@ def overrides(owner: Any, hook: str) -> bool:
     if owner is None:
         return False
     if hook in getattr(owner, "__dict__", {}):
-        return callable(owner.__dict__[hook])
+        attribute = owner.__dict__[hook]
+        if not callable(attribute):
+            return False
+        wrapped = inspect.unwrap(attribute)  # a recording wrapper around the base default is no override
+        function = getattr(wrapped, "__func__", wrapped)
+        return getattr(function, "__qualname__", "").split(".")[0] not in _BASE_CLASSES
     method = getattr(type(owner), hook, None)
     if method is None or not callable(method):
         return False

@@ -160,6 +160,7 @@ class Trainer:
         self.num_sanity_val_batches: list[int | float] = []
         self.ckpt_path: str | None = None
         self.received_sigterm = False
+        self.fit_started_at = 0.0  # time.monotonic() when training started (max_time counts from there)
         self._fitted = False  # a fit ran on the current model: evaluating it without one may use "best"
 
     # ------------------------------------------------------------------ construction helpers
@@ -204,6 +205,7 @@ class Trainer:
     def fit(self, model: nn.Module, train_dataloaders: Any = None, val_dataloaders: Any = None,
             datamodule: Any = None, ckpt_path: str | None = None, weights_only: bool | None = None) -> None:
         """Train `model`; afterwards it holds the trained weights (also after multi-process runs)."""
+        _check_weights_only(weights_only)
         datamodule = _split_datamodule(train_dataloaders, datamodule)
         train_dataloaders = None if datamodule is train_dataloaders else train_dataloaders
         self._launch("fit", model, dict(train_dataloaders=train_dataloaders, val_dataloaders=val_dataloaders,
@@ -211,15 +213,18 @@ class Trainer:
 
     def validate(self, model: nn.Module | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
                  verbose: bool = True, datamodule: Any = None, weights_only: bool | None = None) -> list[dict[str, float]]:
+        _check_weights_only(weights_only)
         return self._evaluate_entry("validate", model, dataloaders, ckpt_path, verbose, datamodule)
 
     def test(self, model: nn.Module | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
              verbose: bool = True, datamodule: Any = None, weights_only: bool | None = None) -> list[dict[str, float]]:
+        _check_weights_only(weights_only)
         return self._evaluate_entry("test", model, dataloaders, ckpt_path, verbose, datamodule)
 
     def predict(self, model: nn.Module | None = None, dataloaders: Any = None, datamodule: Any = None,
                 return_predictions: bool | None = None, ckpt_path: str | None = None,
                 weights_only: bool | None = None) -> Any:
+        _check_weights_only(weights_only)
         datamodule = _split_datamodule(dataloaders, datamodule)
         dataloaders = None if datamodule is dataloaders else dataloaders
         if model is None and ckpt_path is None and self._fitted and self._best_checkpoint_known():
@@ -550,6 +555,14 @@ class Trainer:
         state.update(lightning_module=None, datamodule=None, optimizers=[], wrapped_optimizers=[],
                      lr_scheduler_configs=[], data=DataSources())
         return state
+
+
+def _check_weights_only(weights_only: bool | None) -> None:
+    """Checkpoints are always read with torch.load(weights_only=True) (loading never runs pickled
+    code), which is what None and True ask for; False is refused rather than ignored."""
+    if weights_only is False:
+        raise ValueError("weights_only=False is not supported: checkpoints are loaded without running pickled code "
+                         "(weights_only=True). Store custom objects as tensors or plain Python values.")
 
 
 def _split_datamodule(loaders: Any, datamodule: Any) -> Any:

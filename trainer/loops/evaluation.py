@@ -204,17 +204,10 @@ def _restore_train_mode(callbacks: Any, module: nn.Module, prefix: str, modes: d
     """A module that overrides on_{stage}_model_train decides itself; otherwise every submodule gets
     back the mode it had (so frozen submodules a user put in eval stay there)."""
     hook = f"on_{prefix}_model_train"
-    if _overridden(module, hook):
+    if overrides(module, hook):
         callbacks.call_module(hook, module)
     else:
         _set_modes(module, modes)
-
-
-def _overridden(module: nn.Module, hook: str) -> bool:
-    if hook in module.__dict__:
-        return callable(module.__dict__[hook])
-    method = getattr(type(module), hook, None)
-    return callable(method) and method.__qualname__.split(".")[0] not in ("LightningModule", "ModelHooks")
 
 
 def _step(trainer: Any, module: nn.Module, step_name: str, batch: Any, batch_idx: int, extra: tuple) -> Any:

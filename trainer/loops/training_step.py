@@ -17,6 +17,7 @@ A micro-batch that only accumulates runs the closure alone, under the strategy's
 
 from __future__ import annotations
 
+import functools
 import inspect
 import warnings
 from collections.abc import Mapping
@@ -105,10 +106,17 @@ def training_step(trainer: Any, module: nn.Module, batch: Any, batch_idx: int) -
         set_current_hook(module, None)
 
 
-def takes_batch_idx(step: Any, min_args: int = 2) -> bool:
-    """Lightning passes `batch_idx` only to steps whose signature has room for it."""
+def takes_batch_idx(step: Any) -> bool:
+    """Lightning passes `batch_idx` only to steps whose signature has room for it. Decided once per
+    step function (the signature is read off the hot path's first batch, then cached)."""
+    function = getattr(step, "__func__", None)  # a bound method: its function still lists `self`
+    return _takes_batch_idx(function, 3) if function is not None else _takes_batch_idx(step, 2)
+
+
+@functools.lru_cache(maxsize=256)
+def _takes_batch_idx(function: Any, min_args: int) -> bool:
     try:
-        parameters = list(inspect.signature(step).parameters.values())
+        parameters = list(inspect.signature(function).parameters.values())
     except (TypeError, ValueError):
         return True
     if any(p.kind is p.VAR_POSITIONAL for p in parameters):

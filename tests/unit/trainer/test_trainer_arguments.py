@@ -89,3 +89,8 @@ def test_should_stop_waits_for_min_epochs(tmp_path: Path) -> None:
 def test_arguments_we_cannot_honour_are_refused_by_name(name: str) -> None:
     with pytest.raises(ValueError, match=f"Trainer\\({name}="):
         Trainer(**{name: "simple"})
+
+
+def test_weights_only_false_is_refused_not_ignored(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="weights_only=False"):
+        _trainer(tmp_path).fit(TinyRegressor(), datamodule=RegressionData(), weights_only=False)
