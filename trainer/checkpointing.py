@@ -6,26 +6,29 @@ from pathlib import Path
 from typing import Any
 
 from strategies.checkpoint_io import CheckpointError
+from trainer.checkpoint_loops import lightning_loops, position_from_lightning
 from trainer.hparams import plain_hparams
 from trainer.seed import gather_rng_states
 
 FORMAT = "ddp-trainer"
 FORMAT_VERSION = 1
+OURS_KEY = "ddp_trainer"  # our exact-resume state; checkpoints before it kept it under "loops"
 
 
 def build_checkpoint(trainer: Any, module: Any, weights_only: bool = False) -> dict[str, Any]:
     """Everything needed to resume exactly, in Lightning's layout (its top-level keys, so Lightning
     can load our checkpoints and a callback sees the dict it expects): weights, optimizer and
-    scheduler state, callback states, hyperparameters. What Lightning lacks and exact resumption
-    needs (every rank's RNG state, metric state, our loop position) lives under "loops", whose
-    contents are each trainer's own."""
-    loops = {**trainer.loop_state.state_dict(), "format": FORMAT, "format_version": FORMAT_VERSION}
+    scheduler state, callback states, hyperparameters, and the loop position as Lightning's loop
+    counters under "loops". What Lightning lacks and exact resumption needs (every rank's RNG
+    state, metric state, our own loop position) lives under OURS_KEY."""
+    ours = {**trainer.loop_state.state_dict(), "format": FORMAT, "format_version": FORMAT_VERSION}
     checkpoint: dict[str, Any] = {
         "epoch": trainer.loop_state.current_epoch,
         "global_step": trainer.loop_state.global_step,
         "pytorch-lightning_version": lightning_version(module),
         "state_dict": module.state_dict(),
-        "loops": loops,
+        "loops": lightning_loops(trainer),
+        OURS_KEY: ours,
     }
     hparams = plain_hparams(getattr(module, "hparams", None))
     if hparams:
@@ -34,8 +37,8 @@ def build_checkpoint(trainer: Any, module: Any, weights_only: bool = False) -> d
         checkpoint["callbacks"] = trainer.callback_list.state_dict()
         checkpoint["optimizer_states"] = [optimizer.state_dict() for optimizer in trainer.optimizers]
         checkpoint["lr_schedulers"] = [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs]
-        loops["metrics"] = trainer.metric_store.state_dict()
-        loops["rng_states"] = gather_rng_states(trainer.strategy.all_gather, trainer.strategy.root_device.type)
+        ours["metrics"] = trainer.metric_store.state_dict()
+        ours["rng_states"] = gather_rng_states(trainer.strategy.all_gather, trainer.strategy.root_device.type)
         precision = trainer.precision_plugin.state_dict()
         if precision:
             checkpoint[_PRECISION_KEY] = precision
@@ -67,11 +70,22 @@ def lightning_version(module: Any) -> str:
 
 
 def _saved(checkpoint: dict[str, Any], key: str, default: Any) -> Any:
-    """A value of ours: under "loops" now, at the top level in checkpoints written before."""
-    loops = checkpoint.get("loops", {})
-    if isinstance(loops, dict) and key in loops:
-        return loops[key]
+    """A value of ours: under OURS_KEY now; under "loops" or at the top level in older checkpoints."""
+    for home in (OURS_KEY, "loops"):
+        section = checkpoint.get(home, {})
+        if isinstance(section, dict) and key in section:
+            return section[key]
     return checkpoint.get(key, default)
+
+
+def _loop_position(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """Our loop position; from Lightning's loop counters when Lightning wrote the checkpoint."""
+    if isinstance(checkpoint.get(OURS_KEY), dict):
+        return checkpoint[OURS_KEY]
+    loops = checkpoint.get("loops", {})
+    if isinstance(loops, dict) and "fit_loop" in loops:
+        return position_from_lightning(loops, checkpoint)
+    return loops if isinstance(loops, dict) else {}
 
 
 def check_checkpoint(checkpoint: dict[str, Any], path: str) -> None:
@@ -132,7 +146,10 @@ def restore_training_state(trainer: Any, module: Any, checkpoint: dict[str, Any]
         config.scheduler.load_state_dict(state)
     trainer.precision_plugin.load_state_dict(checkpoint.get(_PRECISION_KEY, checkpoint.get("precision", {})))
     trainer.metric_store.load_state_dict(_saved(checkpoint, "metrics", {}))
-    trainer.loop_state.load_state_dict(checkpoint.get("loops", {}))
+    trainer.loop_state.load_state_dict(_loop_position(checkpoint))
+    loops = checkpoint.get("loops", {})
+    fit_state = loops.get("fit_loop", {}).get("state_dict", {}) if isinstance(loops, dict) else {}
+    trainer.loop_state.loader_states_to_restore = list(fit_state.get("combined_loader", []))
     datamodule = trainer.datamodule
     if datamodule is not None and callable(getattr(datamodule, "load_state_dict", None)):
         state = checkpoint.get(type(datamodule).__qualname__, checkpoint.get("datamodule"))

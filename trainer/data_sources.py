@@ -11,12 +11,14 @@ from state set up earlier (`setup`, `configure_optimizers`) see that state.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
 from strategies.sampler import rebuild_dataloader
 from strategies.rank_zero import rank_zero_warn
+from trainer.combined_loader import CombinedLoader
 
 HOOKS = {"train": "train_dataloader", "validate": "val_dataloader", "test": "test_dataloader",
          "predict": "predict_dataloader"}
@@ -80,12 +82,13 @@ class DataSources:
                                  f"a datamodule with {HOOKS[stage]}(), or implement {HOOKS[stage]}() on the module.")
             self.loaders[stage] = []
             return []
-        loaders = _flatten(loaders)
+        loaders = as_run_order(loaders, stage)
         if trainer.overfit_batches and trainer.state.fn == "fit":
-            loaders = [_without_shuffle(loader, stage) for loader in loaders]
+            loaders = [_each_dataloader(loader, lambda one: _without_shuffle(one, stage)) for loader in loaders]
         if trainer.use_distributed_sampler:
-            loaders = [trainer.strategy.process_dataloader(loader, for_training=stage == "train")
-                       if isinstance(loader, DataLoader) else loader for loader in loaders]
+            def shard(one: DataLoader) -> Any:
+                return trainer.strategy.process_dataloader(one, for_training=stage == "train")
+            loaders = [_each_dataloader(loader, shard) for loader in loaders]
         self.loaders[stage] = loaders
         for key in [key for key in self.seen_batches if key[0] == stage]:
             del self.seen_batches[key]
@@ -106,18 +109,61 @@ class DataSources:
         hook = HOOKS[stage]
         datamodule, module = trainer.datamodule, trainer.lightning_module
         if overrides(datamodule, hook):
-            return getattr(datamodule, hook)()
+            return _returned(getattr(datamodule, hook)(), datamodule, hook)
         if overrides(module, hook):
-            return trainer.callback_list.call_module(hook, module)
+            return _returned(trainer.callback_list.call_module(hook, module), module, hook)
         return None
 
 
-def _flatten(loaders: Any) -> list[Any]:
+def _returned(loaders: Any, owner: Any, hook: str) -> Any:
+    """A hook that is implemented must return data (as in Lightning); None is a forgotten `return`."""
+    if loaders is None:
+        raise TypeError(f"{type(owner).__name__}.{hook}() returned None: return a DataLoader (or a list or dict of "
+                        f"them). To run without it, do not implement {hook}() or set `{hook} = None` on the "
+                        "instance.")
+    return loaders
+
+
+def as_run_order(loaders: Any, stage: str) -> list[Any]:
+    """What the stage iterates, one entry after the other. Training takes one entry: a collection
+    of loaders becomes one `CombinedLoader` (Lightning's `max_size_cycle`). Evaluation runs a
+    collection's loaders one by one (each with its `dataloader_idx`); a CombinedLoader in a
+    non-sequential mode is evaluated as one loader of combined batches."""
+    loaders = _ours_if_lightning_combined(loaders)
+    if stage == "train":
+        if isinstance(loaders, CombinedLoader):
+            if loaders.mode == "sequential":
+                raise ValueError("fit() cannot train on CombinedLoader(mode='sequential'): training takes one batch "
+                                 "per step; use 'max_size_cycle', 'min_size' or 'max_size'.")
+            return [loaders]
+        if isinstance(loaders, (dict, list, tuple)):
+            return [CombinedLoader(loaders, "max_size_cycle")]
+        return [loaders]
+    if isinstance(loaders, CombinedLoader):
+        return loaders.flattened if loaders.mode == "sequential" else [loaders]
     if isinstance(loaders, dict):
         return list(loaders.values())
     if isinstance(loaders, (list, tuple)):
         return list(loaders)
     return [loaders]
+
+
+def _ours_if_lightning_combined(loaders: Any) -> Any:
+    """Lightning's CombinedLoader (recognised by name; Lightning is never imported) becomes ours,
+    read through its public `iterables` and its mode."""
+    if type(loaders).__name__ == "CombinedLoader" and not isinstance(loaders, CombinedLoader) \
+            and hasattr(loaders, "iterables"):
+        return CombinedLoader(loaders.iterables, getattr(loaders, "_mode", "min_size"))
+    return loaders
+
+
+def _each_dataloader(loader: Any, change: Callable[[DataLoader], Any]) -> Any:
+    """Apply `change` to a DataLoader, or to each DataLoader inside a CombinedLoader."""
+    if isinstance(loader, CombinedLoader):
+        loader.flattened = [change(member) if isinstance(member, DataLoader) else member
+                            for member in loader.flattened]
+        return loader
+    return change(loader) if isinstance(loader, DataLoader) else loader
 
 
 def _without_shuffle(loader: Any, stage: str) -> Any:

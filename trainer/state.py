@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
@@ -26,17 +26,27 @@ class LoopState:
     # Every rank's RNG states from a checkpoint, restored by the fit loop at the exact point of
     # the interrupted run (after the resumed epoch's iterator is rebuilt), not when loading.
     rng_to_restore: dict[str, Any] | None = None
+    # Positions of stateful training dataloaders from a checkpoint, put back before the resumed
+    # epoch's iterator is built (those loaders then resume themselves: nothing is skipped).
+    loader_states_to_restore: list[dict[str, Any]] = field(default_factory=list)
     is_last_batch: bool = False  # the batch being run is its epoch's last (Lightning's trainer.is_last_batch)
     # Batches that ended with an optimizer step (Lightning's `_batches_that_stepped`): the step
     # metrics are logged at; in manual optimization one per batch, however many optimizers stepped.
     stepped_batches: int = 0
+    # The batch now ending stepped the optimizer but is counted in `stepped_batches` only after its
+    # end hooks and validation; a checkpoint written there counts it (the resume starts after it).
+    step_in_flight: bool = False
+    in_batch_end: bool = False  # on_train_batch_end is running (checkpoints written there count the batch unfinished)
     train_loader_epoch: int = 0  # the epoch the training loader was last requested in (never saved)
     validated_in_fit: bool = False  # a validation (not the sanity check) ran in this fit (never saved)
 
     def state_dict(self) -> dict[str, Any]:
-        transient = ("stage", "should_stop", "rng_to_restore", "resume_sample_offset", "is_last_batch",
-                     "train_loader_epoch", "validated_in_fit")
-        return {k: v for k, v in asdict(self).items() if k not in transient}
+        transient = ("stage", "should_stop", "rng_to_restore", "loader_states_to_restore", "resume_sample_offset",
+                     "is_last_batch", "train_loader_epoch", "validated_in_fit", "step_in_flight",
+                     "in_batch_end")
+        state = {k: v for k, v in asdict(self).items() if k not in transient}
+        state["stepped_batches"] += int(self.step_in_flight)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key in ("current_epoch", "global_step", "batch_in_epoch", "epoch_finished", "samples_in_epoch",

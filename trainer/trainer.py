@@ -21,6 +21,7 @@ from strategies.checkpoint_io import CheckpointError
 from trainer.callbacks.dispatch import (CallbackList, adopt_callback, checkpoints_last, is_early_stopping,
                                        is_model_summary, is_progress_bar)
 from trainer.checkpointing import build_checkpoint
+from trainer.combined_loader import CombinedLoader
 from trainer.logged_metrics import MetricStore
 from trainer.data_sources import DataSources, is_datamodule
 from trainer.lightning_views import FitLoopView, LoggerConnectorView
@@ -470,7 +471,11 @@ class Trainer:
 
     @property
     def train_dataloader(self) -> Any:
-        return self.data.loaders.get("train")
+        """The training loader, or the collection of them (as given, with samplers injected)."""
+        loaders = self.data.loaders.get("train")
+        if not loaders:
+            return None
+        return loaders[0].iterables if isinstance(loaders[0], CombinedLoader) else loaders[0]
 
     @property
     def val_dataloaders(self) -> Any:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset
 
+from trainer.combined_loader import CombinedLoader
 from trainer.data_sources import overrides
 from trainer.precision import move_to_device
 
@@ -98,7 +99,13 @@ def transfer_batch(trainer: Any, batch: Any, dataloader_idx: int) -> Any:
 
 def _may_be_uneven(loader: Any) -> bool:
     """Iterable-style data has no indices to pad, so its per-rank lengths are not ours to equalise."""
-    return isinstance(getattr(loader, "dataset", None), IterableDataset) or not hasattr(loader, "__len__")
+    return any(isinstance(getattr(member, "dataset", None), IterableDataset) or not hasattr(member, "__len__")
+               for member in members(loader))
+
+
+def members(loader: Any) -> list[Any]:
+    """The loaders behind one entry of a stage (several for a CombinedLoader)."""
+    return loader.flattened if isinstance(loader, CombinedLoader) else [loader]
 
 
 def stop_together(strategy: Any, loader: Iterable[Any]) -> Iterator[Any]:
@@ -131,7 +138,8 @@ def _batch_size(batch: Any) -> int | None:
 
 def set_sampler_epoch(loader: Any, epoch: int) -> None:
     """DistributedSampler shuffles by epoch: without this every epoch repeats one order."""
-    for source in (getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None)):
-        for candidate in (source, getattr(source, "sampler", None)):
-            if callable(getattr(candidate, "set_epoch", None)):
-                candidate.set_epoch(epoch)
+    for member in members(loader):
+        for source in (getattr(member, "sampler", None), getattr(member, "batch_sampler", None)):
+            for candidate in (source, getattr(source, "sampler", None)):
+                if callable(getattr(candidate, "set_epoch", None)):
+                    candidate.set_epoch(epoch)

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainer.combined_loader import CombinedLoader
 from trainer.data_sources import overrides
 from trainer.loops.batches import iterate_limited, num_batches, set_sampler_epoch
 from trainer.loops.training_step import takes_batch_idx
@@ -76,7 +77,7 @@ def run_evaluation(trainer: Any, module: nn.Module, loaders: list[Any], stage: s
     if previous_stage != "sanity_check":
         trainer.state.stage = stage
     counts = limits if limits is not None else [num_batches(trainer, loader, stage) for loader in loaders]
-    _record_counts(trainer, stage, counts, limits is not None)
+    _record_counts(trainer, stage, _per_member(trainer, loaders, counts, stage), limits is not None)
     if not loaders or not any(counts):
         trainer.state.stage = previous_stage
         return []
@@ -166,6 +167,20 @@ def print_results(stage: str, results: list[dict[str, float]]) -> None:
     for key in keys:
         cells = "".join(f"{results[i][key]:<19.6g}" if key in results[i] else " " * 19 for i in range(len(results)))
         print(f"{key:<{width}}{cells}")
+
+
+def _per_member(trainer: Any, loaders: list[Any], counts: list[int], stage: str) -> list[int]:
+    """Lightning reports a combined loader's batches per member loader (`num_val_batches == [3, 2]`
+    for one CombinedLoader of a 3- and a 2-batch loader), although it runs as one."""
+    if not any(isinstance(loader, CombinedLoader) for loader in loaders):
+        return counts
+    reported: list[int] = []
+    for loader, count in zip(loaders, counts):
+        if isinstance(loader, CombinedLoader):
+            reported += [num_batches(trainer, member, stage) for member in loader.flattened]
+        else:
+            reported.append(count)
+    return reported
 
 
 def _record_counts(trainer: Any, stage: str, counts: list[int], sanity: bool) -> None:

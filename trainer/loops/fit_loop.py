@@ -21,6 +21,7 @@ from typing import Any
 from torch import nn
 
 from strategies.rank_zero import rank_zero_info, rank_zero_warn
+from trainer.checkpoint_loops import restore_loader_states
 from trainer.loops.batches import iterate_limited, num_batches, set_sampler_epoch
 from trainer.loops.evaluation import has_step, run_evaluation, run_sanity_check
 from trainer.loops.training_step import run_training_batch, step_schedulers
@@ -64,9 +65,7 @@ def _should_sanity_check(trainer: Any, module: nn.Module) -> bool:
 
 def _request_train_loader(trainer: Any, reload: bool = False) -> Any:
     loaders = trainer.data.loaders.get("train") if not reload else None  # configure_optimizers may have asked
-    loaders = loaders or trainer.data.request(trainer, "train")
-    if len(loaders) != 1:
-        raise ValueError(f"fit() takes one training dataloader; got {len(loaders)}.")
+    loaders = loaders or trainer.data.request(trainer, "train")  # one entry: a loader or a CombinedLoader
     total = num_batches(trainer, loaders[0], "train")
     trainer.num_training_batches = float("inf") if total < 0 else total
     trainer.loop_state.train_loader_epoch = trainer.current_epoch
@@ -102,6 +101,9 @@ def _run_epoch(trainer: Any, module: nn.Module, train_loader: Any) -> None:
     if start_sample:  # the sampler starts where the other world size stopped: nothing to draw and skip
         _resumable_sampler(train_loader).set_start_sample(start_sample)  # type: ignore[union-attr]
     skip, start_at = (0, state.batch_in_epoch) if start_sample else (state.batch_in_epoch, 0)
+    saved_positions, state.loader_states_to_restore = state.loader_states_to_restore, []
+    if restore_loader_states([train_loader], saved_positions):  # they resume by themselves
+        skip, start_at = 0, state.batch_in_epoch
     store.reset_stage("train")
     if state.batch_in_epoch == 0:  # a run resumed mid-epoch continues the epoch: no new epoch starts
         callbacks.call("on_train_epoch_start", trainer, module)
@@ -124,7 +126,9 @@ def _run_epoch(trainer: Any, module: nn.Module, train_loader: Any) -> None:
             step_schedulers(trainer, module, "step", batch_idx=batch_idx, plateau=False)
         if state.is_last_batch:
             step_schedulers(trainer, module, "epoch", plateau=False)
+        state.step_in_flight, state.in_batch_end = window_end, True
         callbacks.call("on_train_batch_end", trainer, module, output, batch, batch_idx)
+        state.in_batch_end = False
         store.sync_pending()  # what on_train_batch_end logged with sync_dist (no-op otherwise)
         _log_step(trainer, module, window_end)
         if _should_validate(trainer, batch_idx, module):
@@ -134,6 +138,7 @@ def _run_epoch(trainer: Any, module: nn.Module, train_loader: Any) -> None:
         if window_end:
             step_schedulers(trainer, module, "step", batch_idx=batch_idx, plateau=True)
             state.stepped_batches += 1
+        state.step_in_flight = False
         _check_time_limit(trainer)
         if _max_steps_reached(trainer) or (trainer.should_stop and _can_stop_early(trainer)):
             stopped = True

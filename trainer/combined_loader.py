@@ -1,0 +1,135 @@
+"""Several dataloaders read as one, with Lightning's four ways of combining them.
+
+`fit(train_dataloaders={"a": loader_a, "b": loader_b})` trains on batches shaped like the
+collection (`{"a": batch_a, "b": batch_b}`), Lightning's `max_size_cycle` default: the epoch is as
+long as the longest loader and shorter ones start over. The other modes: `min_size` (stop with
+the shortest), `max_size` (run to the longest; an exhausted loader contributes `None`) and
+`sequential` (one loader after the other, each batch tagged with its loader's index; what
+evaluation does with several loaders). A Lightning `CombinedLoader` handed to our Trainer is read
+through its public `iterables` and becomes one of these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+MODES = ("max_size_cycle", "min_size", "max_size", "sequential")
+
+
+class CombinedLoader:
+    """A collection (dict, list, tuple or one iterable) of iterables, iterated together by `mode`.
+
+    Unlike Lightning's, its length is known before iterating: `len()` of every member that has
+    one (a member without a length makes the combination unsized where the mode needs it).
+    """
+
+    def __init__(self, iterables: Any, mode: str = "min_size") -> None:
+        if mode not in MODES:
+            raise ValueError(f"CombinedLoader mode {mode!r} is not one of {list(MODES)}.")
+        self.mode = mode
+        self._iterables = iterables
+        self._keys, self._flattened = _flatten(iterables)
+
+    @property
+    def iterables(self) -> Any:
+        """The collection as given (with each member replaced when `flattened` was assigned)."""
+        return self._iterables
+
+    @property
+    def flattened(self) -> list[Any]:
+        return list(self._flattened)
+
+    @flattened.setter
+    def flattened(self, members: list[Any]) -> None:
+        """Replace the members in order (the strategy swaps in distributed samplers this way)."""
+        if len(members) != len(self._flattened):
+            raise ValueError(f"CombinedLoader holds {len(self._flattened)} iterables; got {len(members)} to replace "
+                             "them.")
+        self._flattened = list(members)
+        self._iterables = _rebuild(self._iterables, self._keys, self._flattened)
+
+    def lengths(self) -> list[int | float]:
+        """Each member's number of batches (inf where it has no length)."""
+        return [_length(member) for member in self._flattened]
+
+    def __len__(self) -> int:
+        lengths = self.lengths()
+        if not lengths:
+            return 0
+        if self.mode == "min_size":
+            total = min(lengths)
+        elif self.mode == "sequential":
+            total = sum(lengths)
+        else:
+            total = max(lengths)
+        if total == float("inf"):
+            raise TypeError(f"this CombinedLoader ({self.mode}) has a member without a length, so it has none")
+        return int(total)
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.mode == "sequential":
+            return self._sequential()
+        return self._together()
+
+    def _sequential(self) -> Iterator[tuple[Any, int, int]]:
+        for dataloader_idx, member in enumerate(self._flattened):
+            for batch_idx, batch in enumerate(member):
+                yield batch, batch_idx, dataloader_idx
+
+    def _together(self) -> Iterator[Any]:
+        if not self._flattened:
+            return
+        iterators = [iter(member) for member in self._flattened]
+        exhausted = [False] * len(iterators)
+        while True:
+            batches = []
+            for index, iterator in enumerate(iterators):
+                batch, iterators[index], ended = self._next_of(index, iterator, exhausted[index])
+                if ended and self.mode == "min_size":
+                    return
+                exhausted[index] = exhausted[index] or ended
+                batches.append(batch)
+            if all(exhausted):  # the longest member has ended (max_size, max_size_cycle)
+                return
+            yield _rebuild(self._iterables, self._keys, batches)
+
+    def _next_of(self, index: int, iterator: Iterator[Any], was_exhausted: bool) -> tuple[Any, Iterator[Any], bool]:
+        """The member's next batch; (batch, iterator, whether it has ended). `max_size_cycle` restarts
+        an ended member; `max_size` gives None for it from then on."""
+        sentinel = object()
+        if was_exhausted and self.mode == "max_size":
+            return None, iterator, True
+        batch = next(iterator, sentinel)
+        if batch is not sentinel:
+            return batch, iterator, False
+        if self.mode == "max_size_cycle":
+            iterator = iter(self._flattened[index])
+            batch = next(iterator, sentinel)
+            return (None if batch is sentinel else batch), iterator, True
+        return None, iterator, True
+
+
+def _flatten(iterables: Any) -> tuple[list[Any] | None, list[Any]]:
+    if isinstance(iterables, dict):
+        return list(iterables.keys()), list(iterables.values())
+    if isinstance(iterables, (list, tuple)):
+        return None, list(iterables)
+    return None, [iterables]
+
+
+def _rebuild(template: Any, keys: list[Any] | None, values: list[Any]) -> Any:
+    if isinstance(template, dict):
+        return dict(zip(keys or [], values))
+    if isinstance(template, tuple):
+        return tuple(values)
+    if isinstance(template, list):
+        return list(values)
+    return values[0]
+
+
+def _length(member: Iterable[Any]) -> int | float:
+    try:
+        return len(member)  # type: ignore[arg-type]
+    except TypeError:
+        return float("inf")
