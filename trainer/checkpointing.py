@@ -147,6 +147,7 @@ def restore_training_state(trainer: Any, module: Any, checkpoint: dict[str, Any]
     trainer.precision_plugin.load_state_dict(checkpoint.get(_PRECISION_KEY, checkpoint.get("precision", {})))
     trainer.metric_store.load_state_dict(_saved(checkpoint, "metrics", {}))
     trainer.loop_state.load_state_dict(_loop_position(checkpoint))
+    _check_not_past_max_epochs(trainer, path)
     loops = checkpoint.get("loops", {})
     fit_state = loops.get("fit_loop", {}).get("state_dict", {}) if isinstance(loops, dict) else {}
     trainer.loop_state.loader_states_to_restore = list(fit_state.get("combined_loader", []))
@@ -156,6 +157,15 @@ def restore_training_state(trainer: Any, module: Any, checkpoint: dict[str, Any]
         if state:
             datamodule.load_state_dict(state)
     trainer.loop_state.rng_to_restore = _saved(checkpoint, "rng_states", None)  # the fit loop applies it
+
+
+def _check_not_past_max_epochs(trainer: Any, path: str) -> None:
+    """Resuming past the last epoch would silently train nothing (Lightning raises too)."""
+    max_epochs = trainer.max_epochs
+    if max_epochs is not None and max_epochs != -1 and trainer.loop_state.current_epoch > max_epochs:
+        raise CheckpointError(f"{path!r} was written in epoch {trainer.loop_state.current_epoch}, past "
+                              f"Trainer(max_epochs={max_epochs}): raise max_epochs to train on, or load only the "
+                              "weights (LightningModule.load_from_checkpoint).")
 
 
 def checkpoint_candidates(dirpath: str | None) -> list[str]:

@@ -18,8 +18,8 @@ from torch import nn
 
 from strategies import Strategy, resolve_strategy
 from strategies.checkpoint_io import CheckpointError
-from trainer.callbacks.dispatch import (CallbackList, adopt_callback, checkpoints_last, is_early_stopping,
-                                       is_model_summary, is_progress_bar)
+from trainer.callbacks.dispatch import (CallbackList, adopt_callback, checkpoints_last, is_checkpoint,
+                                       is_early_stopping, is_model_summary, is_progress_bar)
 from trainer.checkpointing import build_checkpoint
 from trainer.combined_loader import CombinedLoader
 from trainer.logged_metrics import MetricStore
@@ -198,7 +198,10 @@ class Trainer:
             result.append(ModelSummary())
         if telemetry and not self.fast_dev_run and not any(isinstance(c, TelemetryMonitor) for c in result):
             result.append(TelemetryMonitor())
-        if checkpointing and not self.fast_dev_run and not any(hasattr(c, "best_model_path") for c in result):
+        if not checkpointing and any(is_checkpoint(c) for c in result):
+            raise ValueError("Trainer(enable_checkpointing=False) (or barebones=True) contradicts the ModelCheckpoint "
+                             "in callbacks: remove the callback, or enable checkpointing.")
+        if checkpointing and not self.fast_dev_run and not any(is_checkpoint(c) for c in result):
             result.append(ModelCheckpoint())
         return checkpoints_last(result)
 

@@ -28,6 +28,16 @@ class EarlyStoppingReason(enum.Enum):
     PATIENCE_EXHAUSTED = 3
     NON_FINITE_METRIC = 4
 
+    def __eq__(self, other: object) -> bool:
+        """Also equal to Lightning's member of the same name, so code written against Lightning's
+        enum (`callback.stopping_reason == EarlyStoppingReason.PATIENCE_EXHAUSTED`) still holds."""
+        if isinstance(other, enum.Enum) and type(other).__name__ == type(self).__name__:
+            return other.name == self.name
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
 
 class EarlyStopping(Callback):
     """Stop when `monitor` has not improved by more than `min_delta` for `patience` checks, crosses

@@ -37,6 +37,14 @@ class LearningRateMonitor(Callback):
         if self.log_momentum and not all(_has_momentum(optimizer) for optimizer in trainer.optimizers):
             warnings.warn("LearningRateMonitor(log_momentum=True): some optimizers do not have momentum; their "
                           "momentum is logged as 0.", RuntimeWarning, stacklevel=2)
+        for _, keys, _ in _named_optimizers(trainer):
+            duplicated = sorted({key for key in keys if keys.count(key) > 1})
+            if duplicated:
+                raise ValueError(f"LearningRateMonitor: several param groups of one optimizer are named "
+                                 f"{duplicated[0].split('/')[-1]!r}, so their learning rates would be logged under one "
+                                 "key; give each param group a unique 'name'.")
+            for key in keys:  # Lightning lists every series from the start, in this order
+                self.lrs.setdefault(key, [])
 
     @override
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
@@ -54,7 +62,9 @@ class LearningRateMonitor(Callback):
 
     def _log(self, trainer: Any, interval: str) -> None:
         stats: dict[str, float] = {}
-        for optimizer, keys, own_interval in _named_optimizers(trainer):
+        named = _named_optimizers(trainer)
+        self._continue_series_of_split_optimizers([key for _, keys, _ in named for key in keys])
+        for optimizer, keys, own_interval in named:
             if own_interval is None or interval in ("any", own_interval):
                 stats.update(self._stats(optimizer, keys))
         if not stats:
@@ -63,6 +73,14 @@ class LearningRateMonitor(Callback):
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.log_metrics(stats, step=_batches_stepped(trainer))
+
+    def _continue_series_of_split_optimizers(self, keys: list[str]) -> None:
+        """An optimizer that gains a param group mid-fit (fine-tuning unfreezes a layer) changes its
+        key from `lr-SGD` to `lr-SGD/pg1` and `lr-SGD/pg2`: the history so far continues as `/pg1`."""
+        for key in keys:
+            single = key[:-len("/pg1")] if key.endswith("/pg1") else None
+            if single is not None and single in self.lrs and key not in self.lrs:
+                self.lrs[key] = self.lrs.pop(single)
 
     def _stats(self, optimizer: Any, keys: list[str]) -> dict[str, float]:
         stats: dict[str, float] = {}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import shutil
 import time
 import typing
 import warnings
@@ -70,7 +71,7 @@ class ModelCheckpoint(Callback):
                  enable_version_counter: bool = True, save_on_exception: bool = False,
                  train_time_interval: timedelta | None = None) -> None:
         _validate(monitor, mode, save_top_k, save_last, every_n_train_steps, every_n_epochs)
-        self.dirpath = os.path.realpath(os.path.expanduser(dirpath)) if dirpath is not None else None
+        self.dirpath = _normalise_dirpath(dirpath)
         self.filename, self.monitor, self.mode, self.verbose = filename, monitor, mode, verbose
         self.save_last, self.save_top_k, self.save_weights_only = save_last, save_top_k, save_weights_only
         self.auto_insert_metric_name = auto_insert_metric_name
@@ -97,9 +98,10 @@ class ModelCheckpoint(Callback):
         self.last_model_path = ""
         self.current_score: torch.Tensor | None = None
         self._last_global_step_saved = 0  # like Lightning: nothing is saved before the first step
-        self._last_checkpoint_saved = ""  # rank 0: the newest file written, what save_last="link" points to
+        self._last_checkpoint_saved = ""  # the newest file written, what save_last="link" points to
         self._fitting = False
-        self._validation_ran = False
+        self._save_at_validation_end = False  # a step/time trigger waits for the validation metric it monitors
+        self._resumed_from: str | None = None  # the fit's ckpt_path: never deleted by top-k
 
     @property
     @override
@@ -113,6 +115,9 @@ class ModelCheckpoint(Callback):
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         self._fitting = stage == "fit"
         self.dirpath = trainer.strategy.broadcast(self._resolve_dirpath(trainer))
+        if self.save_last == "link" and "://" in str(self.dirpath):
+            raise ValueError(f"ModelCheckpoint(save_last='link') makes a symbolic link, which needs a local directory; "
+                             f"dirpath={self.dirpath!r} is not one. Use save_last=True there.")
 
     @override
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
@@ -122,11 +127,30 @@ class ModelCheckpoint(Callback):
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         every = self._every_n_train_steps
         if every >= 1 and trainer.global_step % every == 0 and not self._skip(trainer):
-            # Before the first validation a validation metric cannot exist yet: warn, don't fail.
-            self._save(trainer, top_k=True, missing_ok=not self._validation_ran)
+            self._save_or_wait_for_validation(trainer)
         elif self._train_time_interval is not None and self._time_due(trainer) and not self._skip(trainer):
-            self._save(trainer, top_k=True, missing_ok=not self._validation_ran)
+            self._save_or_wait_for_validation(trainer)
             self._last_time_saved = time.monotonic()
+
+    def _save_or_wait_for_validation(self, trainer: Any) -> None:
+        """A step or time trigger. When the monitored metric is a validation one that does not exist
+        yet, or that the validation about to run (after the epoch's last batch) will renew, the
+        save happens at that validation's end instead (Lightning's rule)."""
+        if self._waits_for_validation(trainer):
+            self._save_at_validation_end = True
+            return
+        self._save(trainer, top_k=True)
+
+    def _waits_for_validation(self, trainer: Any) -> bool:
+        if self.monitor is None:
+            return False
+        if self.monitor not in self._monitor_candidates(trainer):  # (epoch and step are always there)
+            return True
+        if run_on_train_epoch_end(trainer, self._save_on_train_epoch_end) or not trainer.is_last_batch:
+            return False
+        every_n_epochs = trainer.check_val_every_n_epoch
+        return bool(trainer.enable_validation and sum(trainer.num_val_batches) > 0
+                    and (every_n_epochs is None or (trainer.current_epoch + 1) % every_n_epochs == 0))
 
     def _time_due(self, trainer: Any) -> bool:
         """Rank 0's clock decides (one broadcast a batch), so every rank saves at the same step."""
@@ -169,13 +193,28 @@ class ModelCheckpoint(Callback):
     @override
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         if run_on_train_epoch_end(trainer, self._save_on_train_epoch_end) and not self._skip(trainer):
-            self._save(trainer, top_k=self._epoch_due(trainer))
+            self._save(trainer, top_k=self._epoch_due(trainer), last_needs_top_k=True)
 
     @override
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
-        self._validation_ran = True
-        if not run_on_train_epoch_end(trainer, self._save_on_train_epoch_end) and not self._skip(trainer):
-            self._save(trainer, top_k=self._epoch_due(trainer))
+        if run_on_train_epoch_end(trainer, self._save_on_train_epoch_end) or self._skip(trainer):
+            return
+        if self._save_at_validation_end:
+            self._save_at_validation_end = False
+            self._save(trainer, top_k=True)
+        else:
+            self._save(trainer, top_k=self._epoch_due(trainer), last_needs_top_k=True)
+
+    @override
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        """save_last promises a `last.ckpt`: written now when no trigger wrote any checkpoint."""
+        if self._save_at_validation_end:
+            warnings.warn(f"ModelCheckpoint(monitor={self.monitor!r}): a step or time trigger waited for that "
+                          "metric from validation, but no validation logged it, so that checkpoint was not written. "
+                          "Log the metric, or monitor one that training logs.", RuntimeWarning)
+            self._save_at_validation_end = False
+        if self.save_last and not self._last_checkpoint_saved and self._fitting and not trainer.fast_dev_run:
+            self._save(trainer, top_k=False)
 
     # ------------------------------------------------------------------ state
     @override
@@ -202,27 +241,30 @@ class ModelCheckpoint(Callback):
 
     # ------------------------------------------------------------------ names
     def format_checkpoint_name(self, metrics: dict[str, Any], filename: str | None = None,
-                               ver: int | None = None) -> str:
-        """The path for `metrics` (`{epoch}`, `{step}` and logged keys, with format specs)."""
-        name = self._format_checkpoint_name(filename or self.filename, metrics, self.auto_insert_metric_name)
+                               ver: int | None = None, prefix: str | None = None) -> str:
+        """The path for `metrics` (`{epoch}`, `{step}` and logged keys, with format specs),
+        `prefix` joined in front and `-v{ver}` behind."""
+        name = self._format_checkpoint_name(filename or self.filename, metrics, prefix, self.auto_insert_metric_name)
         if ver is not None:
             name = self.CHECKPOINT_JOIN_CHAR.join((name, f"v{ver}"))
         name += self.FILE_EXTENSION
         return os.path.join(self.dirpath, name) if self.dirpath else name
 
-    @classmethod
-    def _format_checkpoint_name(cls, filename: str | None, metrics: dict[str, Any],
+    def _format_checkpoint_name(self, filename: str | None, metrics: dict[str, Any], prefix: str | None = None,
                                 auto_insert_metric_name: bool = True) -> str:
-        filename = filename or "{epoch}" + cls.CHECKPOINT_JOIN_CHAR + "{step}"
+        """The file name without directory and extension (the join and equals characters are read
+        from the instance, so a subclass or instance may change them)."""
+        filename = filename or "{epoch}" + self.CHECKPOINT_JOIN_CHAR + "{step}"
         values = {key: _plain(value) for key, value in metrics.items()}
         # Longest first, so "{epoch_test" is rewritten before "{epoch" could match inside it.
         for group in sorted(re.findall(r"(\{.*?)[:\}]", filename), key=len, reverse=True):
             name = group[1:]
             if auto_insert_metric_name:
-                filename = filename.replace(group, name + cls.CHECKPOINT_EQUALS_CHAR + "{" + name)
+                filename = filename.replace(group, name + self.CHECKPOINT_EQUALS_CHAR + "{" + name)
             filename = filename.replace(group, f"{{0[{name}]")  # index form: keys may hold dots
             values.setdefault(name, 0)
-        return filename.format(values)
+        filename = filename.format(values)
+        return self.CHECKPOINT_JOIN_CHAR.join((prefix, filename)) if prefix else filename
 
     # ------------------------------------------------------------------ saving
     def _skip(self, trainer: Any) -> bool:
@@ -232,22 +274,25 @@ class ModelCheckpoint(Callback):
     def _epoch_due(self, trainer: Any) -> bool:
         return self._every_n_epochs >= 1 and (trainer.current_epoch + 1) % self._every_n_epochs == 0
 
-    def _save(self, trainer: Any, top_k: bool, missing_ok: bool = False) -> None:
-        """One save event: rank 0 plans, every rank applies that plan and runs its collectives."""
+    def _save(self, trainer: Any, top_k: bool, last_needs_top_k: bool = False) -> None:
+        """One save event: rank 0 plans, every rank applies that plan and runs its collectives.
+        At epoch and validation end, `last` follows only a top-k save of this step (or refreshes a
+        link), as in Lightning; step and time triggers always write it."""
         if not (top_k and self.save_top_k != 0) and not self.save_last:
             return  # decided from settings alone, so every rank skips the broadcast together
-        plan = self._plan(trainer, top_k, missing_ok) if trainer.is_global_zero else None
+        plan = self._plan(trainer, top_k, last_needs_top_k) if trainer.is_global_zero else None
         plan = trainer.strategy.broadcast(plan)
         if plan.get("error"):
             raise KeyError(plan["error"])
         if not trainer.is_global_zero:
             self.load_state_dict(plan["state"])
+            self._last_checkpoint_saved = plan["newest"]
         for path in plan["save"]:
             trainer.save_checkpoint(path, self.save_weights_only)
             self._last_global_step_saved = trainer.global_step
             self._tell_loggers(trainer)
         if plan.get("link"):
-            self._link(trainer, *plan["link"])
+            self._link_checkpoint(trainer, *plan["link"])
         for path in plan["remove"]:
             trainer.strategy.remove_checkpoint(path)
         if self.verbose and plan["message"]:
@@ -261,8 +306,10 @@ class ModelCheckpoint(Callback):
             if callable(getattr(logger, "after_save_checkpoint", None)):
                 logger.after_save_checkpoint(self)
 
-    def _plan(self, trainer: Any, top_k: bool, missing_ok: bool) -> dict[str, Any]:
+    def _plan(self, trainer: Any, top_k: bool, last_needs_top_k: bool) -> dict[str, Any]:
         """Rank 0 only: update the bookkeeping and list the files to write and to delete."""
+        resumed_from = getattr(trainer, "ckpt_path", None)
+        self._resumed_from = os.path.realpath(resumed_from) if resumed_from else None
         metrics = self._monitor_candidates(trainer)
         save: list[str] = []
         remove: list[str] = []
@@ -276,33 +323,54 @@ class ModelCheckpoint(Callback):
                     self._remove_if_ours(previous, self.best_model_path, remove)
             elif self.monitor in metrics:
                 message = self._plan_monitored(metrics[self.monitor], metrics, save, remove)
-            elif missing_ok:
-                warnings.warn(self._missing_message(metrics) + " Skipping this save.", RuntimeWarning)
             else:
                 return {"error": self._missing_message(metrics)}
         self._last_checkpoint_saved = save[-1] if save else self._last_checkpoint_saved
         link = None
-        if self.save_last:
+        wants_last = bool(save) or not last_needs_top_k or (self.save_last == "link" and self._last_checkpoint_saved)
+        if self.save_last and wants_last:
             previous, self.last_model_path = self.last_model_path, self._free_path(
                 metrics, self.CHECKPOINT_NAME_LAST, self.last_model_path)
             if self.save_last == "link" and self._last_checkpoint_saved and self.save_top_k != 0:
                 link = (self._last_checkpoint_saved, self.last_model_path)
             else:
                 save.append(self.last_model_path)
+                self._last_checkpoint_saved = self.last_model_path
             self._remove_if_ours(previous, self.last_model_path, remove)
-        return {"save": save, "remove": remove, "link": link, "state": self.state_dict(), "message": message}
+        return {"save": save, "remove": remove, "link": link, "state": self.state_dict(), "message": message,
+                "newest": self._last_checkpoint_saved}
 
     @staticmethod
-    def _link(trainer: Any, target: str, link: str) -> None:
+    def _link_checkpoint(trainer: Any, filepath: str, linkpath: str) -> None:
         """save_last="link": `last.ckpt` becomes a relative symlink to the newest checkpoint, replaced
-        atomically on global rank 0 (no copy of the weights); every rank waits for it."""
+        atomically on global rank 0 (no copy of the weights); every rank waits for it. Whatever held
+        the link's name before (a file, a link, a directory) is replaced."""
         if trainer.is_global_zero:
-            temporary = f"{link}.tmp-link"
+            temporary = f"{linkpath}.tmp-link"
             if os.path.lexists(temporary):
                 os.remove(temporary)
-            os.symlink(os.path.relpath(target, os.path.dirname(link) or "."), temporary)
-            os.replace(temporary, link)
+            try:
+                os.symlink(os.path.relpath(filepath, os.path.dirname(linkpath) or "."), temporary)
+            except OSError:  # no right to make links (Windows without developer mode): a copy instead
+                shutil.copy2(filepath, temporary)
+            if os.path.isdir(linkpath) and not os.path.islink(linkpath):
+                shutil.rmtree(linkpath)
+            os.replace(temporary, linkpath)
         trainer.strategy.barrier("ModelCheckpoint link")
+
+    def _find_last_checkpoints(self, trainer: Any) -> set[str]:
+        """The `last` files in dirpath (`last.ckpt`, `last-v1.ckpt`, ...: this callback's name and
+        extension), which `ckpt_path="last"` chooses from."""
+        if not self.dirpath or not os.path.isdir(self.dirpath):
+            return set()
+        pattern = re.compile(re.escape(self.CHECKPOINT_NAME_LAST) + r"(-v\d+)?" + re.escape(self.FILE_EXTENSION) + "$")
+        return {os.path.join(self.dirpath, name) for name in os.listdir(self.dirpath)
+                if pattern.match(name) and os.path.isfile(os.path.join(self.dirpath, name))}
+
+    @property
+    def every_n_epochs(self) -> int:
+        """Epochs between saves (0: not by epoch); 1 when no trigger was given."""
+        return self._every_n_epochs
 
     def _plan_monitored(self, value: Any, metrics: dict[str, Any], save: list[str], remove: list[str]) -> str:
         current = torch.as_tensor(value).detach().float().cpu().reshape(())
@@ -346,9 +414,10 @@ class ModelCheckpoint(Callback):
         return path
 
     def _remove_if_ours(self, previous: str, current: str, remove: list[str]) -> None:
-        """Delete `previous` only inside our own directory: a path restored from a checkpoint of
-        another run must never be deleted."""
-        if previous and previous != current and self.dirpath and Path(self.dirpath) in Path(previous).parents:
+        """Delete `previous` only inside our own directory (a path restored from a checkpoint of
+        another run must never be deleted), and never the checkpoint this fit resumed from."""
+        if previous and previous != current and self.dirpath and Path(self.dirpath) in Path(previous).parents \
+                and os.path.realpath(previous) != self._resumed_from:
             remove.append(previous)
 
     def _monitor_candidates(self, trainer: Any) -> dict[str, Any]:
@@ -375,7 +444,14 @@ class ModelCheckpoint(Callback):
         return os.path.join(trainer.default_root_dir, "checkpoints")
 
 
-def _validate(monitor: str | None, mode: str, save_top_k: int, save_last: bool | None,
+def _normalise_dirpath(dirpath: str | os.PathLike[str] | None) -> str | None:
+    """A local directory becomes absolute (`~` expanded); a URL (`s3://...`) and "" stay as given."""
+    if not dirpath or "://" in str(dirpath):
+        return None if dirpath is None else str(dirpath)
+    return os.path.realpath(os.path.expanduser(dirpath))
+
+
+def _validate(monitor: str | None, mode: str, save_top_k: int, save_last: bool | Literal["link"] | None,
               every_n_train_steps: int | None, every_n_epochs: int | None) -> None:
     if mode not in _WORSE:
         raise ValueError(f"ModelCheckpoint(mode={mode!r}) is not supported; expected 'min' or 'max'.")

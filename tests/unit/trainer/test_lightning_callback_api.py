@@ -74,6 +74,10 @@ def test_stopping_reason_names_why_and_survives_a_checkpoint(tmp_path: Path) -> 
     restored.load_state_dict(stopper.state_dict())
     assert restored.stopping_reason == EarlyStoppingReason.STOPPING_THRESHOLD
     assert EarlyStopping(monitor="val_loss").stopping_reason == EarlyStoppingReason.NOT_STOPPED
+    lightning_reasons = pytest.importorskip("lightning.pytorch.callbacks.early_stopping").EarlyStoppingReason
+    assert stopper.stopping_reason == lightning_reasons.STOPPING_THRESHOLD  # code written against Lightning's enum
+    assert lightning_reasons.STOPPING_THRESHOLD == stopper.stopping_reason
+    assert stopper.stopping_reason != lightning_reasons.PATIENCE_EXHAUSTED
 
 
 def test_lr_monitor_records_last_momentum_and_weight_decay(tmp_path: Path) -> None:
