@@ -131,7 +131,10 @@ def build(cfg: DictConfig) -> tuple[Any, Any, Any]:
     model_node, unfilled = fill_from_data(cfg.model, datamodule)
     model = construct("model", model_node, unfilled=unfilled)
     strategy = construct("strategy", cfg.strategy)
-    callbacks = [construct(f"callbacks.{name}", node) for name, node in (cfg.callbacks or {}).items() if node]
+    wanted = {name: node for name, node in (cfg.callbacks or {}).items() if node}
+    if not cfg.trainer.get("enable_telemetry", True):
+        wanted.pop("telemetry", None)  # trainer.enable_telemetry=false turns telemetry off, logger rows included
+    callbacks = [construct(f"callbacks.{name}", node) for name, node in wanted.items()]
     loggers = [construct(f"logger.{name}", node) for name, node in (cfg.logger or {}).items() if node]
     kwargs: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)  # type: ignore[assignment]
     kwargs["precision"] = normalize_precision(kwargs["precision"])

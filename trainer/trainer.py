@@ -197,7 +197,7 @@ class Trainer:
         if model_summary and not any(is_model_summary(c) for c in result):
             result.append(ModelSummary())
         if telemetry and not self.fast_dev_run and not any(isinstance(c, TelemetryMonitor) for c in result):
-            result.append(TelemetryMonitor())
+            result.append(TelemetryMonitor(log_to_loggers=False))  # the loggers get only what the user logs
         if not checkpointing and any(is_checkpoint(c) for c in result):
             raise ValueError("Trainer(enable_checkpointing=False) (or barebones=True) contradicts the ModelCheckpoint "
                              "in callbacks: remove the callback, or enable checkpointing.")

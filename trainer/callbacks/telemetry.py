@@ -9,9 +9,14 @@ loops, no device synchronisation):
 and reads the communication side from `trainer.strategy.summary()["reducer"]` (present with
 `DDPStrategy`): exposed communication (waiting for all-reduce after backward ended), total
 communication, overlap = 1 - exposed / total, and the bucket plan. Every `log_every_n_steps`
-optimizer steps it logs window averages (per optimizer step, in ms) under `telemetry/`, and
-shows overlap % and exposed ms in the progress bar; at the end of fit global rank 0 prints one
-line for the whole run. Times are host times: on CUDA they show when work was issued.
+optimizer steps it computes window averages (per optimizer step, in ms; `last_report`), sends
+them to the loggers under `telemetry/` when asked to, and shows overlap % and exposed ms in the
+progress bar; at the end of fit global rank 0 prints one line for the whole run. Times are host
+times: on CUDA they show when work was issued.
+
+The Trainer adds one by default (`enable_telemetry=True`) that does not write to the loggers,
+so a Lightning project's logs hold only what it logs; pass `callbacks=[TelemetryMonitor()]` to
+have the `telemetry/*` rows in TensorBoard, CSV or any other logger.
 """
 
 from __future__ import annotations
@@ -46,11 +51,12 @@ class TelemetryMonitor(Callback):
     """Per-step forward / backward / exposed communication / optimizer times and overlap %.
 
     `prog_bar` puts `overlap` (%) and `exposed_ms` into `trainer.progress_bar_metrics`;
-    `print_summary` prints one line on global rank 0 when fit ends.
+    `print_summary` prints one line on global rank 0 when fit ends; `log_to_loggers` sends each
+    window's averages to every logger under `telemetry/`.
     """
 
-    def __init__(self, prog_bar: bool = True, print_summary: bool = True) -> None:
-        self.prog_bar, self.print_summary = prog_bar, print_summary
+    def __init__(self, prog_bar: bool = True, print_summary: bool = True, log_to_loggers: bool = True) -> None:
+        self.prog_bar, self.print_summary, self.log_to_loggers = prog_bar, print_summary, log_to_loggers
         self._marks: dict[str, float] = {}
         self._window, self._fit = _Window(), _Window()
         self._comm_seen = {"synced_steps": 0, "exposed_comm_s_total": 0.0, "comm_s_total": 0.0}
@@ -116,7 +122,7 @@ class TelemetryMonitor(Callback):
         if self.prog_bar and "overlap_pct" in metrics:
             trainer.progress_bar_metrics["overlap"] = round(metrics["overlap_pct"], 1)
             trainer.progress_bar_metrics["exposed_ms"] = round(metrics["exposed_comm_ms"], 2)
-        if trainer.is_global_zero:
+        if trainer.is_global_zero and self.log_to_loggers:
             logged = {PREFIX + key: value for key, value in metrics.items()}
             for logger in trainer.loggers:
                 logger.log_metrics(logged, step=trainer.logger_step)

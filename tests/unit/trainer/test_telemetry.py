@@ -126,7 +126,10 @@ def test_without_a_reducer_only_compute_phases(tmp_path: Path, monkeypatch: pyte
     assert trainer.printed[0].endswith("+ optimizer 5.0 (+ other)")
 
 
-def test_real_trainer_fit_reports(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("explicit", [False, True], ids=["trainer-default", "callback-given"])
+def test_real_trainer_fit_reports(tmp_path: Path, capsys: pytest.CaptureFixture[str], explicit: bool) -> None:
+    """Given as a callback, telemetry writes logger rows; the Trainer's default one (enable_telemetry)
+    only prints its line, so the loggers hold what the module logs, as under Lightning."""
     from trainer import LightningModule, Trainer
 
     class Tiny(LightningModule):
@@ -145,12 +148,15 @@ def test_real_trainer_fit_reports(tmp_path: Path, capsys: pytest.CaptureFixture[
             pass
 
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4)), batch_size=2)
-    callback, logger = TelemetryMonitor(), Recorder()
-    trainer = Trainer(max_steps=4, log_every_n_steps=2, callbacks=[callback], logger=False,
+    logger = Recorder()
+    trainer = Trainer(max_steps=4, log_every_n_steps=2, callbacks=[TelemetryMonitor()] if explicit else [], logger=False,
                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                       default_root_dir=tmp_path, accelerator="cpu")
     trainer.loggers.append(logger)  # type: ignore[arg-type]  # a recorder instead of files
     trainer.fit(Tiny(), train_dataloaders=data)
-    assert [step for _, step in logger.metrics] == [1, 3]  # steps 2 and 4 done: logged at their indices
-    assert logger.metrics[0][0]["telemetry/step_ms"] > 0
+    if explicit:
+        assert [step for _, step in logger.metrics] == [1, 3]  # steps 2 and 4 done: logged at their indices
+        assert logger.metrics[0][0]["telemetry/step_ms"] > 0
+    else:
+        assert not any(key.startswith("telemetry/") for row, _ in logger.metrics for key in row)
     assert "telemetry: 4 steps" in capsys.readouterr().out
