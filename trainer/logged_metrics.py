@@ -19,6 +19,7 @@ as this rank's own value (with a one-time warning) and only the epoch value is s
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -375,7 +376,8 @@ def _as_scalar(name: str, value: Any) -> torch.Tensor:
         if value.numel() != 1:
             raise ValueError(f"self.log({name!r}, ...) needs a scalar; got a tensor of shape {tuple(value.shape)}.")
         return value.detach().reshape(())
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if isinstance(value, numbers.Real):  # bools included, as in Lightning
         return torch.tensor(float(value))
-    raise TypeError(f"self.log({name!r}, ...) got a {type(value).__name__}; expected a number, a scalar tensor "
-                    "or a torchmetrics Metric.")
+    # ValueError, as Lightning raises for a value of the wrong kind
+    raise ValueError(f"self.log({name!r}, ...) got a {type(value).__name__}; expected a number, a scalar tensor "
+                     "or a torchmetrics Metric.")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -21,6 +22,7 @@ class LRSchedulerConfig:
     monitor: str | None = None
     name: str | None = None
     strict: bool = True
+    given_keys: list[str] = field(default_factory=list, repr=False, compare=False)  # the settings configure_optimizers named
 
     @property
     def reduce_on_plateau(self) -> bool:
@@ -82,10 +84,67 @@ def _scheduler_config(scheduler: Any, monitor: str | None) -> LRSchedulerConfig:
         config = LRSchedulerConfig(scheduler=scheduler, monitor=monitor)
     if config.interval not in ("epoch", "step"):
         raise ValueError(f"lr_scheduler interval={config.interval!r}; expected 'epoch' or 'step'.")
-    if config.reduce_on_plateau and config.monitor is None:
-        raise KeyError("ReduceLROnPlateau needs a metric: return {'optimizer': ..., 'lr_scheduler': ..., "
-                       "'monitor': 'val_loss'} from configure_optimizers().")
+    config.given_keys = sorted(set(scheduler) - {"scheduler"}) if isinstance(scheduler, Mapping) else []
+    if monitor is not None:
+        config.given_keys = sorted({*config.given_keys, "monitor"})
     return config
+
+
+def check_schedulers(optimizers: list[Any], configs: list[LRSchedulerConfig], module: Any, automatic: bool,
+                     custom_step: bool) -> None:
+    """What the loop will do with each scheduler must be possible: it belongs to a returned
+    optimizer, can be checkpointed, and (in automatic optimization, where the loop steps it) is a
+    torch scheduler or the module steps it itself in `lr_scheduler_step`; a ReduceLROnPlateau
+    the loop steps needs the metric to read. In manual optimization the user steps schedulers, so
+    the stepping keys are ignored (with a warning)."""
+    for config in configs:
+        scheduler, name = config.scheduler, type(config.scheduler).__name__
+        owner = getattr(scheduler, "optimizer", None)
+        if owner is not None and not any(owner is optimizer for optimizer in optimizers):
+            raise ValueError(f"configure_optimizers(): the {name} scheduler belongs to an optimizer that was not "
+                             "returned; return that optimizer too, or build the scheduler on a returned one.")
+        if not (callable(getattr(scheduler, "state_dict", None)) and callable(getattr(scheduler, "load_state_dict",
+                                                                                          None))):
+            raise TypeError(f"configure_optimizers(): the {name} scheduler has no state_dict()/load_state_dict(), so "
+                            "it cannot be checkpointed; give it both.")
+        if not automatic:
+            ignored = [key for key in config.given_keys if key not in ("name",)]
+            if ignored:
+                warnings.warn(f"lr_scheduler settings {ignored} of {name} have no effect in manual optimization: "
+                              "call scheduler.step() yourself in training_step or an epoch hook.", RuntimeWarning)
+            continue
+        if not isinstance(scheduler, (torch.optim.lr_scheduler.LRScheduler,
+                                      torch.optim.lr_scheduler.ReduceLROnPlateau)) and not custom_step:
+            raise TypeError(f"configure_optimizers(): {name} is not a torch.optim.lr_scheduler scheduler, so the loop "
+                            f"cannot step it; override {type(module).__name__}.lr_scheduler_step(scheduler, metric) "
+                            "to step it yourself.")
+        if config.reduce_on_plateau and config.monitor is None:
+            raise KeyError("ReduceLROnPlateau needs a metric: return {'optimizer': ..., 'lr_scheduler': ..., "
+                           "'monitor': 'val_loss'} from configure_optimizers().")
+
+
+class NoOptimizer(torch.optim.Optimizer):
+    """What automatic optimization steps when `configure_optimizers` returns None (Lightning runs
+    such a fit too, with a warning): the closure (training_step, backward) runs, nothing is updated."""
+
+    def __init__(self) -> None:  # no parameters: torch's constructor would refuse an empty list
+        self.param_groups: list[dict[str, Any]] = []
+        self.state = collections.defaultdict(dict)
+        self.defaults: dict[str, Any] = {}
+        self._optimizer_step_pre_hooks: dict[int, Any] = {}
+        self._optimizer_step_post_hooks: dict[int, Any] = {}
+
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        return closure() if closure is not None else None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"state": {}, "param_groups": []}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        pass
 
 
 class ManualOptimizer:

@@ -20,10 +20,11 @@ from strategies.checkpoint_io import CheckpointError
 from strategies.rank_zero import rank_zero_warn
 from trainer import checkpointing
 from trainer.callbacks.dispatch import adopt_callback, checkpoints_last
+from trainer.data_sources import overrides
 from trainer.loops.evaluation import has_step, print_results, run_evaluation, run_predict
 from trainer.loops.fit_loop import run_fit
 from trainer.module_adapter import attach, automatic_optimization, check_module, detach
-from trainer.optimizers import ManualOptimizer, init_optimizers
+from trainer.optimizers import ManualOptimizer, NoOptimizer, check_schedulers, init_optimizers
 from trainer.seed import SEED_ENV, seed_everything
 from trainer.validation import apply_backend_flags
 
@@ -171,12 +172,19 @@ def _prepare_data(trainer: Any, module: nn.Module) -> None:
 
 # ---------------------------------------------------------------------- optimizers and checkpoints
 def _configure_optimizers(trainer: Any, module: nn.Module) -> None:
-    optimizers, schedulers = init_optimizers(trainer.callback_list.call_module("configure_optimizers", module))
-    if automatic_optimization(module) and len(optimizers) > 1:
+    returned = trainer.callback_list.call_module("configure_optimizers", module)
+    optimizers, schedulers = init_optimizers(returned)
+    automatic = automatic_optimization(module)
+    if automatic and len(optimizers) > 1:
         raise ValueError(f"configure_optimizers() returned {len(optimizers)} optimizers; automatic optimization "
                          "uses one. Set `self.automatic_optimization = False` and step them yourself.")
-    if automatic_optimization(module) and not optimizers:
-        raise ValueError("configure_optimizers() returned no optimizer; automatic optimization needs one.")
+    if automatic and not optimizers:
+        if returned is not None:
+            raise ValueError("configure_optimizers() returned no optimizer; automatic optimization needs one.")
+        warnings.warn(f"{type(module).__name__}.configure_optimizers() returned None: this fit runs training_step "
+                      "and backward but updates nothing.", UserWarning, stacklevel=2)
+        optimizers = [NoOptimizer()]
+    check_schedulers(optimizers, schedulers, module, automatic, overrides(module, "lr_scheduler_step"))
     trainer.optimizers, trainer.lr_scheduler_configs = optimizers, schedulers
     trainer.wrapped_optimizers = [ManualOptimizer(optimizer, trainer) for optimizer in optimizers]
 

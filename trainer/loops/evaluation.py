@@ -30,6 +30,7 @@ from torch import nn
 from trainer.combined_loader import CombinedLoader
 from trainer.data_sources import overrides
 from trainer.loops.batches import iterate_limited, num_batches, set_sampler_epoch
+from trainer.loops.signatures import check_eval_signatures
 from trainer.loops.training_step import takes_batch_idx
 from trainer.module_adapter import set_current_hook
 from trainer.seed import rng_states, restore_rng_states
@@ -81,6 +82,7 @@ def run_evaluation(trainer: Any, module: nn.Module, loaders: list[Any], stage: s
     if not loaders or not any(counts):
         trainer.state.stage = previous_stage
         return []
+    check_eval_signatures(module, stage, len(loaders))
     if trainer.state.fn != "fit":
         store.clear_views()  # validate()/test() report only what they log (Lightning resets here)
     store.reset_stage(stage)
@@ -129,6 +131,7 @@ def run_predict(trainer: Any, module: nn.Module, loaders: list[Any]) -> Any:
     trainer.state.stage = "predict"
     counts = [num_batches(trainer, loader, "predict") for loader in loaders]
     trainer.num_predict_batches = [float("inf") if count < 0 else count for count in counts]
+    check_eval_signatures(module, "predict", len(loaders))
     trainer.metric_store.clear_views()
     with _eval_context(trainer):
         return _predict_loaders(trainer, module, loaders)

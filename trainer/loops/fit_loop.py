@@ -23,6 +23,7 @@ from torch import nn
 from strategies.rank_zero import rank_zero_info, rank_zero_warn
 from trainer.checkpoint_loops import restore_loader_states
 from trainer.loops.batches import iterate_limited, num_batches, set_sampler_epoch
+from trainer.loops.signatures import check_training_signature
 from trainer.loops.evaluation import has_step, run_evaluation, run_sanity_check
 from trainer.loops.training_step import run_training_batch, step_schedulers
 from trainer.seed import restore_rank_rng_states
@@ -31,6 +32,7 @@ from trainer.seed import restore_rank_rng_states
 def run_fit(trainer: Any, module: nn.Module) -> None:
     state, callbacks = trainer.loop_state, trainer.callback_list
     state.validated_in_fit = False
+    check_training_signature(module)
     if _should_sanity_check(trainer, module):
         run_sanity_check(trainer, module)
     trainer.state.stage = "train"

@@ -129,8 +129,10 @@ def _optimizer_step(trainer: Any, module: nn.Module, batch_idx: int, optimizer: 
     """Hand the closure to the module's `optimizer_step`; the optimizer runs it, then the hooks that
     need the reduced gradients run, then the update. Every rank has identical gradients here."""
     callbacks, precision = trainer.callback_list, trainer.precision_plugin
+    ran: list[bool] = []
 
     def closure_then_prepare_step() -> Any:
+        ran.append(True)
         loss = closure()
         precision.unscale(optimizer)
         if not _gradients_usable(trainer, optimizer, closure.output):
@@ -146,6 +148,9 @@ def _optimizer_step(trainer: Any, module: nn.Module, batch_idx: int, optimizer: 
                               trainer.wrapped_optimizers[0], closure_then_prepare_step)
     except _SkipStep:
         return
+    if not ran:  # training_step and backward never ran: the "step" would silently train nothing
+        raise RuntimeError(f"{type(module).__name__}.optimizer_step() did not run its `optimizer_closure` (which runs "
+                           "training_step and backward): pass it on, `optimizer.step(closure=optimizer_closure)`.")
     trainer.loop_state.global_step += 1
 
 

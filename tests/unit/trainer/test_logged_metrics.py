@@ -81,7 +81,8 @@ def test_torchmetrics_metric_is_computed_and_reset_at_epoch_end() -> None:
     assert metric.update_count == 0  # reset for the next epoch, after the epoch-end hooks
 
 
-@pytest.mark.parametrize(("value", "error"), [(torch.ones(3), ValueError), ("high", TypeError)])
+@pytest.mark.parametrize(("value", "error"), [(torch.ones(3), ValueError), ("high", ValueError), ({"a": 1.0}, ValueError),
+                                              (None, ValueError)])
 def test_bad_values_are_refused(value: object, error: type) -> None:
     with pytest.raises(error, match="self.log"):
         _store().log("training_step", "x", value)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.optimizers import LRSchedulerConfig, init_optimizers
+from trainer.optimizers import LRSchedulerConfig, check_schedulers, init_optimizers
 
 
 def _opt() -> torch.optim.Optimizer:
@@ -44,10 +44,47 @@ def test_plateau_takes_monitor_from_outer_dict() -> None:
     assert configs[0].monitor == "val_loss" and configs[0].reduce_on_plateau
 
 
-def test_plateau_without_monitor_is_refused() -> None:
+def test_plateau_without_monitor_is_refused_where_the_loop_steps_it() -> None:
     opt = _opt()
+    optimizers, configs = init_optimizers({"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(opt)})
     with pytest.raises(KeyError, match="monitor"):
-        init_optimizers({"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(opt)})
+        check_schedulers(optimizers, configs, object(), automatic=True, custom_step=False)
+    check_schedulers(optimizers, configs, object(), automatic=False, custom_step=False)  # the user steps it
+
+
+def test_manual_optimization_warns_that_stepping_keys_are_ignored() -> None:
+    opt = _opt()
+    returned = {"optimizer": opt, "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.StepLR(opt, 1),
+                                                    "interval": "step", "name": "lr"}}
+    with pytest.warns(RuntimeWarning, match=r"\['interval'\]"):
+        check_schedulers(*init_optimizers(returned), object(), automatic=False, custom_step=False)
+
+
+def test_scheduler_of_an_optimizer_not_returned_is_refused() -> None:
+    returned, other = _opt(), _opt()
+    configs = init_optimizers(([returned], [torch.optim.lr_scheduler.StepLR(other, 1)]))[1]
+    with pytest.raises(ValueError, match="not returned"):
+        check_schedulers([returned], configs, object(), automatic=True, custom_step=False)
+
+
+class _NotTorchScheduler:
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def test_a_foreign_scheduler_needs_lr_scheduler_step_in_automatic_optimization() -> None:
+    opt = _opt()
+    configs = init_optimizers(([opt], [_NotTorchScheduler(opt)]))[1]
+    with pytest.raises(TypeError, match="lr_scheduler_step"):
+        check_schedulers([opt], configs, object(), automatic=True, custom_step=False)
+    check_schedulers([opt], configs, object(), automatic=True, custom_step=True)
+    check_schedulers([opt], configs, object(), automatic=False, custom_step=False)
 
 
 def test_list_of_dicts_and_none() -> None:
