@@ -137,9 +137,12 @@ def _batch_size(batch: Any) -> int | None:
 
 
 def set_sampler_epoch(loader: Any, epoch: int) -> None:
-    """DistributedSampler shuffles by epoch: without this every epoch repeats one order."""
+    """DistributedSampler shuffles by epoch: without this every epoch repeats one order. Each
+    sampler once (a loader's `sampler` is usually also its batch sampler's `sampler`)."""
+    seen: set[int] = set()
     for member in members(loader):
         for source in (getattr(member, "sampler", None), getattr(member, "batch_sampler", None)):
             for candidate in (source, getattr(source, "sampler", None)):
-                if callable(getattr(candidate, "set_epoch", None)):
+                if callable(getattr(candidate, "set_epoch", None)) and id(candidate) not in seen:
+                    seen.add(id(candidate))
                     candidate.set_epoch(epoch)

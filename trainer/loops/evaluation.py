@@ -88,9 +88,8 @@ def run_evaluation(trainer: Any, module: nn.Module, loaders: list[Any], stage: s
     store.reset_stage(stage)
     if trainer.state.fn == "fit" and previous_stage != "sanity_check":
         trainer.loop_state.validated_in_fit = True
-    if trainer.state.fn == "fit":
-        for loader in loaders:  # as Lightning: validation samplers may shuffle by the training epoch
-            set_sampler_epoch(loader, trainer.current_epoch)
+    for loader in loaders:  # as Lightning: evaluation samplers may shuffle by the training epoch
+        set_sampler_epoch(loader, trainer.current_epoch)
     with _eval_context(trainer):  # the whole stage, hooks included
         return _evaluate_loaders(trainer, module, loaders, stage, counts, previous_stage)
 
@@ -132,6 +131,8 @@ def run_predict(trainer: Any, module: nn.Module, loaders: list[Any]) -> Any:
     counts = [num_batches(trainer, loader, "predict") for loader in loaders]
     trainer.num_predict_batches = [float("inf") if count < 0 else count for count in counts]
     check_eval_signatures(module, "predict", len(loaders))
+    for loader in loaders:
+        set_sampler_epoch(loader, trainer.current_epoch)
     trainer.metric_store.clear_views()
     with _eval_context(trainer):
         return _predict_loaders(trainer, module, loaders)

@@ -32,3 +32,33 @@ def test_disabling_the_hook_on_the_instance_skips_validation(tmp_path: Path) -> 
                       enable_progress_bar=False)
     trainer.fit(model)
     assert trainer.num_val_batches == [] and trainer.global_step == 2
+
+
+@pytest.mark.parametrize("use_batch_sampler", [False, True])
+def test_set_epoch_once_per_epoch_and_per_evaluation_as_lightning(tmp_path: Path, use_batch_sampler: bool) -> None:
+    from unittest.mock import Mock
+
+    from lightning.pytorch.demos.boring_classes import RandomDataset
+    from torch.utils.data import BatchSampler, DataLoader, RandomSampler
+
+    def loader() -> DataLoader:
+        dataset = RandomDataset(32, 64)
+        sampler = RandomSampler(dataset)
+        sampler.set_epoch = Mock()  # type: ignore[attr-defined]
+        if use_batch_sampler:
+            return DataLoader(dataset, batch_sampler=BatchSampler(sampler, 2, True))
+        return DataLoader(dataset, sampler=sampler)
+
+    def sampler_of(data: DataLoader) -> Any:
+        return data.batch_sampler.sampler if use_batch_sampler else data.sampler  # type: ignore[union-attr]
+
+    calls = {}
+    for name, trainer_class in (("lightning", pl.Trainer), ("ours", Trainer)):
+        trainer = trainer_class(default_root_dir=tmp_path, limit_train_batches=1, limit_val_batches=1, max_epochs=2,
+                                enable_model_summary=False, enable_checkpointing=False, logger=False,
+                                enable_progress_bar=False)
+        train, val, again = loader(), loader(), loader()
+        trainer.fit(BoringModel(), train_dataloaders=train, val_dataloaders=val)
+        trainer.validate(BoringModel(), again, verbose=False)
+        calls[name] = [sampler_of(data).set_epoch.mock_calls for data in (train, val, again)]
+    assert calls["ours"] == calls["lightning"]
