@@ -106,6 +106,7 @@ def _run(trainer: Any, stage: str, model: nn.Module, data: dict[str, Any]) -> An
     callbacks.call_module("configure_model", model)
     module = strategy.setup_module(trainer.precision_plugin.convert_module(model))
     trainer.lightning_module = module
+    callbacks.lend_logging(module)
     ckpt_path = data.get("ckpt_path")
     if stage == "fit":
         output = _fit(trainer, module, ckpt_path)

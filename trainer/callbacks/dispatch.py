@@ -77,6 +77,14 @@ class CallbackList:
             before_monitoring()
         self.call_callbacks(hook, trainer, module, monitoring=True)
 
+    def lend_logging(self, module: nn.Module) -> None:
+        """`self.log(...)` / `self.log_dict(...)` inside a callback hook log through the module, as in
+        Lightning (the values count as logged from that hook). A callback's own `log` is kept."""
+        for callback in self.callbacks:
+            for name in ("log", "log_dict"):
+                if not callable(getattr(type(callback), name, None)) and callable(getattr(module, name, None)):
+                    setattr(callback, name, getattr(module, name))
+
     def call_callbacks(self, hook: str, trainer: Any, module: nn.Module, *args: Any,
                        monitoring: bool | None = None, **kwargs: Any) -> None:
         for callback in self.callbacks:

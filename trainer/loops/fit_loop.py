@@ -49,6 +49,8 @@ def run_fit(trainer: Any, module: nn.Module) -> None:
     _continue_sample_stream(trainer, train_loader)
     _advance_past_finished_epoch(trainer)
     trainer.fit_started_at = time.monotonic()
+    if state.batch_in_epoch == 0:
+        trainer.metric_store.reset_stage("train")
     callbacks.call("on_train_start", trainer, module)
     while not _fit_done(trainer):
         train_loader = _maybe_reload(trainer, module, train_loader)
@@ -106,7 +108,6 @@ def _run_epoch(trainer: Any, module: nn.Module, train_loader: Any) -> None:
     saved_positions, state.loader_states_to_restore = state.loader_states_to_restore, []
     if restore_loader_states([train_loader], saved_positions):  # they resume by themselves
         skip, start_at = 0, state.batch_in_epoch
-    store.reset_stage("train")
     if state.batch_in_epoch == 0:  # a run resumed mid-epoch continues the epoch: no new epoch starts
         callbacks.call("on_train_epoch_start", trainer, module)
     total = trainer.num_training_batches
@@ -157,6 +158,7 @@ def _run_epoch(trainer: Any, module: nn.Module, train_loader: Any) -> None:
     if completed:
         step_schedulers(trainer, module, "epoch", plateau=True)
     trainer.write_logger_metrics(step=max(0, state.stepped_batches - 1))
+    store.reset_stage("train")  # the next epoch aggregates afresh (what on_train_start logged counted in the first)
 
 
 def _log_step(trainer: Any, module: nn.Module, window_end: bool) -> None:

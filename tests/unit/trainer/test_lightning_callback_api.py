@@ -155,3 +155,28 @@ def test_a_datamodules_transfer_hook_wins_over_the_modules(tmp_path: Path) -> No
             return super().training_step(batch, batch_idx)
 
     _trainer(tmp_path, max_epochs=1).fit(Probe(), datamodule=Doubling())
+
+
+def test_callbacks_log_through_the_module_as_in_lightning(tmp_path: Path) -> None:
+    pl = pytest.importorskip("lightning.pytorch")
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    class LogsFromHooks(pl.Callback):
+        def on_train_start(self, trainer: Any, module: Any) -> None:
+            self.log("from_train_start", 1.0)
+
+        def on_train_epoch_start(self, trainer: Any, module: Any) -> None:
+            self.log("from_epoch_start", 2.0)
+
+        def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            self.log_dict({"from_batch_end": 3.0})
+
+    metrics = {}
+    for name, trainer_class in (("lightning", pl.Trainer), ("ours", Trainer)):
+        trainer = trainer_class(default_root_dir=tmp_path / name, limit_train_batches=2, limit_val_batches=1,
+                                max_epochs=2, callbacks=[LogsFromHooks()], logger=False, enable_progress_bar=False,
+                                enable_model_summary=False)
+        trainer.fit(BoringModel())
+        metrics[name] = {key: float(value) for key, value in trainer.callback_metrics.items()}
+    assert metrics["ours"] == metrics["lightning"]
+    assert metrics["ours"]["from_train_start"] == 1.0
