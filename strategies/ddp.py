@@ -236,7 +236,11 @@ class DDPStrategy(Strategy):
 
     # ------------------------------------------------------------------ gradients
     @override
-    def backward(self, loss: torch.Tensor, run: Callable[[torch.Tensor], Any] | None = None) -> None:
+    def backward(self, loss: torch.Tensor, run: Callable[[torch.Tensor], Any] | None = None,
+                 *args: Any, **kwargs: Any) -> None:
+        if self.hands_backward_to_trainer(run):
+            self.outside_backward(loss, *args, **kwargs)  # type: ignore[misc]
+            return
         reducer = self._require_reducer("backward")
         reducer.prepare_for_backward(loss)
         (run or torch.Tensor.backward)(loss)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from strategies.checkpoint_io import CheckpointError
 from trainer.checkpoint_loops import lightning_loops, position_from_lightning
 from trainer.hparams import plain_hparams
@@ -12,7 +14,7 @@ from trainer.seed import gather_rng_states
 
 FORMAT = "ddp-trainer"
 FORMAT_VERSION = 1
-OURS_KEY = "ddp_trainer"  # our exact-resume state; checkpoints before it kept it under "loops"
+OURS_KEY = "ddp_trainer"  # our exact-resume state, inside "loops" (earlier checkpoints: "loops" itself)
 
 
 def build_checkpoint(trainer: Any, module: Any, weights_only: bool = False) -> dict[str, Any]:
@@ -20,15 +22,17 @@ def build_checkpoint(trainer: Any, module: Any, weights_only: bool = False) -> d
     can load our checkpoints and a callback sees the dict it expects): weights, optimizer and
     scheduler state, callback states, hyperparameters, and the loop position as Lightning's loop
     counters under "loops". What Lightning lacks and exact resumption needs (every rank's RNG
-    state, metric state, our own loop position) lives under OURS_KEY."""
+    state, metric state, our own loop position) lives in "loops" too, under OURS_KEY, so the
+    top-level keys are exactly Lightning's and Lightning's loader (which reads its own loops'
+    entries) passes it by. Its RNG states are stored as float64 tensors (exact: every value is
+    below 2**53), so tools that compare two checkpoints' loops numerically can."""
     ours = {**trainer.loop_state.state_dict(), "format": FORMAT, "format_version": FORMAT_VERSION}
     checkpoint: dict[str, Any] = {
         "epoch": trainer.loop_state.current_epoch,
         "global_step": trainer.loop_state.global_step,
         "pytorch-lightning_version": lightning_version(module),
         "state_dict": module.state_dict(),
-        "loops": lightning_loops(trainer),
-        OURS_KEY: ours,
+        "loops": {**lightning_loops(trainer), OURS_KEY: ours},
     }
     hparams = plain_hparams(getattr(module, "hparams", None))
     if hparams:
@@ -38,7 +42,8 @@ def build_checkpoint(trainer: Any, module: Any, weights_only: bool = False) -> d
         checkpoint["optimizer_states"] = [optimizer.state_dict() for optimizer in trainer.optimizers]
         checkpoint["lr_schedulers"] = [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs]
         ours["metrics"] = trainer.metric_store.state_dict()
-        ours["rng_states"] = gather_rng_states(trainer.strategy.all_gather, trainer.strategy.root_device.type)
+        ours["rng_states"] = _rng_as(torch.float64, gather_rng_states(trainer.strategy.all_gather,
+                                                                      trainer.strategy.root_device.type))
         precision = trainer.precision_plugin.state_dict()
         if precision:
             checkpoint[_PRECISION_KEY] = precision
@@ -69,23 +74,35 @@ def lightning_version(module: Any) -> str:
     return "0.0.0+ddp-trainer"
 
 
+def _ours(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """Our section: loops[OURS_KEY] now; earlier checkpoints kept it at the top level or as "loops"."""
+    loops = checkpoint.get("loops")
+    for section in (loops.get(OURS_KEY) if isinstance(loops, dict) else None, checkpoint.get(OURS_KEY)):
+        if isinstance(section, dict):
+            return section
+    return loops if isinstance(loops, dict) and "fit_loop" not in loops else {}
+
+
 def _saved(checkpoint: dict[str, Any], key: str, default: Any) -> Any:
-    """A value of ours: under OURS_KEY now; under "loops" or at the top level in older checkpoints."""
-    for home in (OURS_KEY, "loops"):
-        section = checkpoint.get(home, {})
-        if isinstance(section, dict) and key in section:
-            return section[key]
-    return checkpoint.get(key, default)
+    """A value of ours (at the top level in the oldest checkpoints)."""
+    section = _ours(checkpoint)
+    return section[key] if key in section else checkpoint.get(key, default)
+
+
+def _rng_as(dtype: torch.dtype, states: Any) -> Any:
+    """RNG state tensors in `dtype` (float64 in the file, int64 for restoring)."""
+    if not isinstance(states, dict):
+        return states
+    return {key: value.to(dtype) if isinstance(value, torch.Tensor) else value for key, value in states.items()}
 
 
 def _loop_position(checkpoint: dict[str, Any]) -> dict[str, Any]:
     """Our loop position; from Lightning's loop counters when Lightning wrote the checkpoint."""
-    if isinstance(checkpoint.get(OURS_KEY), dict):
-        return checkpoint[OURS_KEY]
+    ours = _ours(checkpoint)
+    if ours:
+        return ours
     loops = checkpoint.get("loops", {})
-    if isinstance(loops, dict) and "fit_loop" in loops:
-        return position_from_lightning(loops, checkpoint)
-    return loops if isinstance(loops, dict) else {}
+    return position_from_lightning(loops, checkpoint) if isinstance(loops, dict) and "fit_loop" in loops else {}
 
 
 def check_checkpoint(checkpoint: dict[str, Any], path: str) -> None:
@@ -156,7 +173,7 @@ def restore_training_state(trainer: Any, module: Any, checkpoint: dict[str, Any]
         state = checkpoint.get(type(datamodule).__qualname__, checkpoint.get("datamodule"))
         if state:
             datamodule.load_state_dict(state)
-    trainer.loop_state.rng_to_restore = _saved(checkpoint, "rng_states", None)  # the fit loop applies it
+    trainer.loop_state.rng_to_restore = _rng_as(torch.int64, _saved(checkpoint, "rng_states", None))  # the fit loop applies it
 
 
 def _check_not_past_max_epochs(trainer: Any, path: str) -> None:

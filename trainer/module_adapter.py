@@ -17,12 +17,13 @@ from trainer import module as module_api
 from trainer.module import LightningModule
 
 # Methods of Lightning's module that reach into its trainer's internals; ours replace them.
+# (Its `manual_backward` needs no replacement: it calls `trainer.strategy.backward(loss, None, ...)`,
+# which our strategies hand to the Trainer's `outside_backward`.)
 _BOUND_API = {
     "log": module_api.log,
     "log_dict": module_api.log_dict,
     "optimizers": module_api.optimizers,
     "lr_schedulers": module_api.lr_schedulers,
-    "manual_backward": module_api.manual_backward,
     "clip_gradients": module_api.clip_gradients,
     "toggle_optimizer": module_api.toggle_optimizer,
     "untoggle_optimizer": module_api.untoggle_optimizer,

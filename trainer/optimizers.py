@@ -75,11 +75,12 @@ def _check_optimizers(items: Sequence[Any]) -> list[torch.optim.Optimizer]:
 def _scheduler_config(scheduler: Any, monitor: str | None) -> LRSchedulerConfig:
     if isinstance(scheduler, Mapping):
         unknown = set(scheduler) - _SCHEDULER_KEYS
-        if unknown:
-            raise KeyError(f"lr_scheduler dict has unknown keys {sorted(unknown)}; allowed: {sorted(_SCHEDULER_KEYS)}.")
+        if unknown:  # Lightning ignores them too, with a warning (a typo'd key must not pass silently)
+            warnings.warn(f"lr_scheduler dict keys {sorted(unknown)} are not used; the known keys are "
+                          f"{sorted(_SCHEDULER_KEYS)}.", RuntimeWarning)
         if "scheduler" not in scheduler:
             raise KeyError("lr_scheduler dict must contain the key 'scheduler'.")
-        fields = {k: v for k, v in scheduler.items() if k != "reduce_on_plateau"}
+        fields = {k: v for k, v in scheduler.items() if k in _SCHEDULER_KEYS and k != "reduce_on_plateau"}
         config = LRSchedulerConfig(**{"monitor": monitor, **fields})
     else:
         config = LRSchedulerConfig(scheduler=scheduler, monitor=monitor)

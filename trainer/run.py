@@ -23,6 +23,7 @@ from trainer.callbacks.dispatch import adopt_callback, checkpoints_last
 from trainer.data_sources import overrides
 from trainer.loops.evaluation import has_step, print_results, run_evaluation, run_predict
 from trainer.loops.fit_loop import run_fit
+from trainer.loops.training_step import backward
 from trainer.module_adapter import attach, automatic_optimization, check_module, detach
 from trainer.optimizers import ManualOptimizer, NoOptimizer, check_schedulers, init_optimizers
 from trainer.seed import SEED_ENV, seed_everything
@@ -64,6 +65,7 @@ def run_stage(trainer: Any, stage: str, model: nn.Module, data: dict[str, Any]) 
         raise
     finally:
         detach(model)
+        trainer.strategy.outside_backward = None  # it holds this run's module (and could not be pickled)
         if trainer.datamodule is not None:
             trainer.datamodule.trainer = None
         trainer.state.stage = None
@@ -107,6 +109,7 @@ def _run(trainer: Any, stage: str, model: nn.Module, data: dict[str, Any]) -> An
     module = strategy.setup_module(trainer.precision_plugin.convert_module(model))
     trainer.lightning_module = module
     callbacks.lend_logging(module)
+    strategy.outside_backward = lambda loss, *args, **kwargs: backward(trainer, module, loss, *args, **kwargs)
     ckpt_path = data.get("ckpt_path")
     if stage == "fit":
         output = _fit(trainer, module, ckpt_path)

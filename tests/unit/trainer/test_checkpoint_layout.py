@@ -82,11 +82,16 @@ def test_loop_counters_equal_lightnings(tmp_path: Path, kwargs: dict[str, Any]) 
         assert ours[name] == counters, name
 
 
-def test_our_exact_resume_state_is_kept_apart_from_lightnings_loops(tmp_path: Path) -> None:
-    _fit(Trainer, tmp_path)
-    checkpoint = torch.load(tmp_path / "epoch=0-step=2.ckpt", weights_only=True)
-    assert {"rng_states", "metrics", "batch_in_epoch"} <= set(checkpoint["ddp_trainer"])
-    assert set(checkpoint["loops"]) == {"fit_loop"}
+def test_our_exact_resume_state_sits_beside_lightnings_loops(tmp_path: Path) -> None:
+    _fit(pl.Trainer, tmp_path / "lightning")
+    _fit(Trainer, tmp_path / "ours")
+    ours = torch.load(tmp_path / "ours" / "epoch=0-step=2.ckpt", weights_only=True)
+    theirs = torch.load(tmp_path / "lightning" / "epoch=0-step=2.ckpt", weights_only=True)
+    assert set(ours) == set(theirs)  # Lightning's top-level keys, nothing more
+    assert {"rng_states", "metrics", "batch_in_epoch"} <= set(ours["loops"]["ddp_trainer"])
+    assert set(ours["loops"]) == {"fit_loop", "ddp_trainer"}
+    rng = ours["loops"]["ddp_trainer"]["rng_states"]["torch"]
+    assert rng.dtype == torch.float64 and torch.equal(rng, rng.round())  # exact integers, comparable numerically
 
 
 @pytest.mark.parametrize("written_by, resumed_by", [("ours", "lightning"), ("lightning", "ours")])

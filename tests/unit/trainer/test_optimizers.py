@@ -104,3 +104,11 @@ def test_bad_interval() -> None:
     with pytest.raises(ValueError, match="interval"):
         init_optimizers({"optimizer": opt, "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.StepLR(opt, 1),
                                                             "interval": "batch"}})
+
+
+def test_unknown_scheduler_keys_are_ignored_with_a_warning() -> None:
+    opt = _opt()
+    with pytest.warns(RuntimeWarning, match=r"\['foo'\]"):
+        _, (config,) = init_optimizers({"optimizer": opt, "lr_scheduler": {
+            "scheduler": torch.optim.lr_scheduler.StepLR(opt, 1), "foo": 1, "interval": "step"}})
+    assert config.interval == "step"
