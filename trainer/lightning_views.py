@@ -56,8 +56,9 @@ class _EpochLoop:
         return int(self._trainer.global_step)
 
     def _should_check_val_epoch(self) -> bool:
-        every = self._trainer.check_val_every_n_epoch
-        return self._trainer.enable_validation and (every is None or (self._trainer.current_epoch + 1) % every == 0)
+        from trainer.loops.fit_loop import validates_in_epoch
+
+        return validates_in_epoch(self._trainer)
 
 
 class FitLoopView:

@@ -312,7 +312,7 @@ class Trainer:
         if metrics and self.is_global_zero and not self.sanity_checking:
             metrics = {**metrics, "epoch": self.current_epoch}
             for logger in self.loggers:
-                logger.log_metrics(metrics, step=self.logger_step if step is None else step)
+                logger.log_metrics(metrics=metrics, step=self.logger_step if step is None else step)
 
     def write_eval_step_metrics(self, step: int) -> None:
         """An evaluation batch's step values, one logger row per batch at `step` (the batches that
@@ -320,7 +320,7 @@ class Trainer:
         metrics = self.metric_store.pop_eval_step_metrics()
         if metrics and self.is_global_zero and not self.sanity_checking:
             for logger in self.loggers:
-                logger.log_metrics(metrics, step=step)
+                logger.log_metrics(metrics=metrics, step=step)
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         if self.is_global_zero:

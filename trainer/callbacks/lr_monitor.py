@@ -72,7 +72,7 @@ class LearningRateMonitor(Callback):
         trainer.callback_metrics.update({key: torch.tensor(value) for key, value in stats.items()})
         if trainer.is_global_zero:
             for logger in trainer.loggers:
-                logger.log_metrics(stats, step=_batches_stepped(trainer))
+                logger.log_metrics(metrics=stats, step=_batches_stepped(trainer))
 
     def _continue_series_of_split_optimizers(self, keys: list[str]) -> None:
         """An optimizer that gains a param group mid-fit (fine-tuning unfreezes a layer) changes its

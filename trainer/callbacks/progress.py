@@ -15,6 +15,7 @@ from tqdm import tqdm
 from typing_extensions import override
 
 from trainer.callbacks.base import Callback
+from trainer.loops.fit_loop import validates_in_epoch
 
 
 def _scalar(value: Any) -> Any:
@@ -66,6 +67,11 @@ class TQDMProgressBar(Callback):
 
     @property
     def total_val_batches(self) -> int | float:
+        """Validation batches of this epoch: 0 in a fit epoch that does not validate (Lightning's)."""
+        trainer = getattr(self, "_trainer", None)
+        if trainer is not None and trainer.state.fn == "fit" and not trainer.sanity_checking \
+                and not validates_in_epoch(trainer):
+            return 0
         counts = self._trainer_attr("num_val_batches", [])
         return sum(counts) if counts else 0
 

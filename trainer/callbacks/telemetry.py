@@ -125,7 +125,7 @@ class TelemetryMonitor(Callback):
         if trainer.is_global_zero and self.log_to_loggers:
             logged = {PREFIX + key: value for key, value in metrics.items()}
             for logger in trainer.loggers:
-                logger.log_metrics(logged, step=trainer.logger_step)
+                logger.log_metrics(metrics=logged, step=trainer.logger_step)
 
     def fit_metrics(self, trainer: Any) -> dict[str, float]:
         """Per-step averages (ms, %) over every optimizer step of this fit so far."""

@@ -174,12 +174,17 @@ def _log_step(trainer: Any, module: nn.Module, window_end: bool) -> None:
         trainer.metric_store.pop_logger_metrics()
 
 
+def validates_in_epoch(trainer: Any) -> bool:
+    """Whether validation runs in the current training epoch (check_val_every_n_epoch)."""
+    every_n_epochs = trainer.check_val_every_n_epoch
+    due = every_n_epochs is None or (trainer.current_epoch + 1) % every_n_epochs == 0
+    return bool(trainer.enable_validation) and due
+
+
 def _should_validate(trainer: Any, batch_idx: int, module: nn.Module, epoch_ended: bool = False) -> bool:
-    if not has_step(module, "validate") or not any(trainer.num_val_batches):
+    if not has_step(module, "validate") or not any(trainer.num_val_batches) or not validates_in_epoch(trainer):
         return False
     every_n_epochs = trainer.check_val_every_n_epoch
-    if every_n_epochs is not None and (trainer.current_epoch + 1) % every_n_epochs != 0:
-        return False
     if trainer.should_stop and _can_stop_early(trainer):
         return True
     total = trainer.num_training_batches

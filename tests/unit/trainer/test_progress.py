@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tests.helpers.fake_trainer import BroadcastChannel, FakeTrainer, RecordingLogger
+from trainer import Trainer
 from trainer.callbacks import TQDMProgressBar
 
 
@@ -77,3 +78,24 @@ def test_without_a_terminal_one_line_per_epoch(tmp_path: Path, capsys: pytest.Ca
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and lines[0].startswith("Epoch 0: step 3") and "it/s" in lines[1]
     assert "train_loss=0.5" in lines[1]
+
+
+def test_total_val_batches_is_zero_in_epochs_without_validation(tmp_path: Path) -> None:
+    pl = pytest.importorskip("lightning.pytorch")
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    class RecordsTotals(BoringModel):
+        def __init__(self) -> None:
+            super().__init__()
+            self.totals: list[float] = []
+
+        def on_train_epoch_end(self) -> None:
+            self.totals.append(self.trainer.progress_bar_callback.total_val_batches)
+
+    seen = {}
+    for name, trainer_class in (("lightning", pl.Trainer), ("ours", Trainer)):
+        model = RecordsTotals()
+        trainer_class(default_root_dir=tmp_path / name, max_epochs=4, num_sanity_val_steps=0, limit_val_batches=2,
+                      limit_train_batches=2, check_val_every_n_epoch=2, logger=False).fit(model)
+        seen[name] = model.totals
+    assert seen["ours"] == seen["lightning"] == [0, 2, 0, 2]
