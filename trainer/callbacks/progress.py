@@ -108,14 +108,16 @@ class TQDMProgressBar(Callback):
 
     def print(self, *args: Any, sep: str = " ", end: str = "\n", file: Any = None, **_: Any) -> None:
         """Print above the bars instead of through them."""
-        if self.train_progress_bar is None and self.eval_progress_bar is None:
+        if not _shown(self.train_progress_bar) and not _shown(self.eval_progress_bar):
             print(*args, sep=sep, end=end, file=file)
         else:
             tqdm.write(sep.join(map(str, args)), file=file, end=end)
 
     def _bar(self, desc: str, total: Any, leave: bool, position: int = 0) -> tqdm:
+        """Outside a terminal the bar still counts (code may read `.n`/`.total`, as of Lightning's
+        bars) but draws nothing: one line per epoch is printed instead."""
         return tqdm(desc=desc, total=_bar_total(total), leave=leave, position=position, dynamic_ncols=True,
-                    file=sys.stdout, smoothing=0)
+                    file=sys.stdout, smoothing=0, disable=not self._interactive)
 
     def _advance(self, bar: tqdm | None, done: int, postfix: dict[str, Any] | None = None) -> None:
         if bar is None or (done % self.refresh_rate != 0 and done != bar.total):
@@ -134,15 +136,17 @@ class TQDMProgressBar(Callback):
     @override
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         self._epoch_started = time.perf_counter()
-        if not (self.is_enabled and self._interactive):
+        if not self.is_enabled:
             return
         desc = f"Epoch {trainer.current_epoch}"
+        total = _train_total(trainer)
         # Like Lightning: leave=True closes each epoch's bar (it stays on screen) and opens a new one;
         # otherwise one bar is reset every epoch and the last state stays visible after training.
-        if self.train_progress_bar is None or self.leave:
-            self.train_progress_bar = self._bar(desc, trainer.num_training_batches, leave=True)
+        if not _shown(self.train_progress_bar) or self.leave:
+            self.train_progress_bar = self._bar(desc, total, leave=True)
         else:
-            self.train_progress_bar.reset(total=_bar_total(trainer.num_training_batches))
+            assert self.train_progress_bar is not None
+            self.train_progress_bar.reset(total=_bar_total(total))
             self.train_progress_bar.set_description(desc, refresh=False)
 
     @override
@@ -173,8 +177,8 @@ class TQDMProgressBar(Callback):
 
     @override
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
-        if self.is_enabled and self._interactive:
-            position = 0 if self.train_progress_bar is None else 1
+        if self.is_enabled:
+            position = 1 if _shown(self.train_progress_bar) else 0
             self.eval_progress_bar = self._bar("Validation", sum(trainer.num_val_batches), False, position)
             self._eval_done = 0
 
@@ -197,13 +201,22 @@ class TQDMProgressBar(Callback):
 
     def _close_eval(self) -> None:
         if self.eval_progress_bar is not None:
-            self.eval_progress_bar.close()
-            self.eval_progress_bar = None
+            self.eval_progress_bar.close()  # kept (closed) for code that reads its counts afterwards
 
     def _close_train(self) -> None:
         if self.train_progress_bar is not None:
             self.train_progress_bar.close()
-            self.train_progress_bar = None
+
+
+def _shown(bar: tqdm | None) -> bool:
+    """An open bar drawing on the terminal (a closed or counting-only bar is not)."""
+    return bar is not None and not bar.disable
+
+
+def _train_total(trainer: Any) -> Any:
+    """Batches per epoch; for data without a length, the max_steps the fit runs to (Lightning's)."""
+    total = trainer.num_training_batches
+    return trainer.max_steps if total == float("inf") and trainer.max_steps > 0 else total
 
 
 def stdout_is_terminal() -> bool:

@@ -27,7 +27,7 @@ def test_rank_zero_draws_train_and_validation_bars(tmp_path: Path, capsys: pytes
     assert "Epoch 0" in out and "Epoch 1" in out and "Validation" in out
     assert "3/3" in out and "it/s" in out
     assert "train_loss=0.167" in out and "acc=0.5" in out and "v_num=0" in out
-    assert bar.train_progress_bar is None and bar.eval_progress_bar is None  # closed at train end
+    assert bar.train_progress_bar.disable and bar.eval_progress_bar.disable  # closed at train end (kept to be read)
 
 
 def test_other_ranks_draw_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -99,3 +99,18 @@ def test_total_val_batches_is_zero_in_epochs_without_validation(tmp_path: Path) 
                       limit_train_batches=2, check_val_every_n_epoch=2, logger=False).fit(model)
         seen[name] = model.totals
     assert seen["ours"] == seen["lightning"] == [0, 2, 0, 2]
+
+
+def test_bars_count_outside_a_terminal_and_stay_readable_after_fit(tmp_path: Path) -> None:
+    pl = pytest.importorskip("lightning.pytorch")
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    unsized = (torch.randn(4, 32) for _ in iter(int, 1))  # an endless generator: no length
+    model = BoringModel()
+    model.train_dataloader = lambda: unsized  # type: ignore[method-assign]
+    trainer = Trainer(default_root_dir=tmp_path, max_steps=7, max_epochs=-1, limit_val_batches=0,
+                      enable_model_summary=False, logger=False)
+    bar = trainer.progress_bar_callback
+    trainer.fit(model)
+    assert bar.train_progress_bar.total == 7 and bar.train_progress_bar.n == 7  # as Lightning's bar reports
+    del pl
