@@ -37,13 +37,16 @@ from strategies.checkpoint_io import CheckpointIO, TorchCheckpointIO
 from strategies.hang_guard import LEDGER
 
 ReduceOp = Literal["mean", "sum", "max", "min"]
-ACCELERATORS = ("cpu", "cuda", "auto")
+ACCELERATORS = ("cpu", "cuda", "gpu", "auto")
 
 
 def resolve_accelerator(accelerator: str) -> str:
-    """Turn "auto" into the concrete device type this machine offers."""
+    """Turn "auto" into the concrete device type this machine offers; "gpu" (Lightning's name for
+    whichever GPU the machine has) is CUDA here."""
     if accelerator not in ACCELERATORS:
         raise ValueError(f"accelerator={accelerator!r} is not supported; expected one of {ACCELERATORS}.")
+    if accelerator == "gpu":
+        accelerator = "cuda"
     if accelerator == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if accelerator == "cuda" and not torch.cuda.is_available():

@@ -19,13 +19,13 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from strategies.base import ACCELERATORS
 from strategies.ddp import START_METHODS
 from strategies.environment import LocalEnvironment, SLURMEnvironment, TorchElasticEnvironment
 from strategies.shm_transport import TRANSPORTS
 
 PRECISIONS = ("32-true", "64-true", "16-mixed", "bf16-mixed")
 PRECISION_ALIASES = {"32": "32-true", "64": "64-true", "16": "16-mixed", "bf16": "bf16-mixed"}
-ACCELERATORS = ("cpu", "cuda", "auto")
 CLIP_ALGORITHMS = ("norm", "value")
 MONITOR_MODES = ("min", "max")
 SINGLE_STRATEGY_TARGETS = ("strategies.SingleDeviceStrategy", "strategies.single_device.SingleDeviceStrategy")

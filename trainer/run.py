@@ -101,6 +101,7 @@ def _reseed_worker() -> None:
 
 def _run(trainer: Any, stage: str, model: nn.Module, data: dict[str, Any]) -> Any:
     callbacks, strategy = trainer.callback_list, trainer.strategy
+    stage = trainer.state.fn  # the same string, also answering `.value` as Lightning's enum does in hooks
     _prepare_data(trainer, model)
     if trainer.datamodule is not None:
         trainer.datamodule.setup(stage=stage)
@@ -252,13 +253,19 @@ def _load(trainer: Any, path: str) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------- reporting
 def _log_hyperparams(trainer: Any, module: nn.Module) -> None:
-    if not trainer.is_global_zero or not trainer.enable_autolog_hparams or not getattr(module, "_log_hyperparams", True):
+    """At fit start each logger gets the hyperparameters (unless turned off) and the model for its
+    graph (`log_graph`; TensorBoardLogger(log_graph=True) draws it), as in Lightning."""
+    if not trainer.is_global_zero:
         return
+    log_params = trainer.enable_autolog_hparams and getattr(module, "_log_hyperparams", True)
     hparams = dict(getattr(module, "hparams", {}) or {})
     if trainer.datamodule is not None:
         hparams.update(dict(getattr(trainer.datamodule, "hparams", {}) or {}))
     for logger in trainer.loggers:
-        logger.log_hyperparams(hparams)
+        if log_params:
+            logger.log_hyperparams(hparams)
+        if callable(getattr(logger, "log_graph", None)):
+            logger.log_graph(module)
         if callable(getattr(logger, "save", None)):
             logger.save()
 

@@ -114,7 +114,7 @@ def test_group_list_choice_and_data_errors_are_one_line(hydra_context: None) -> 
 
 @pytest.mark.parametrize(("overrides", "message"), [
     (["trainer.precision=17-bits"], "trainer.precision='17-bits' is not one of ['32-true'"),
-    (["trainer.accelerator=tpu"], "trainer.accelerator='tpu' is not one of ['cpu', 'cuda', 'auto']"),
+    (["trainer.accelerator=tpu"], "trainer.accelerator='tpu' is not one of ['cpu', 'cuda', 'gpu', 'auto']"),
     (["trainer.devices=0"], "trainer.devices=0 must be an int >= 1"),
     (["trainer.num_nodes=-1"], "trainer.num_nodes=-1 must be an int >= 1"),
     (["trainer.max_epochs=-2"], "trainer.max_epochs=-2 must be an int >= -1"),

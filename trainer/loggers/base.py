@@ -29,6 +29,11 @@ class Logger(abc.ABC):
         return None
 
     @property
+    def save_dir(self) -> str | None:
+        """Where the logger saves (Lightning's logger API; None for a logger that writes no files)."""
+        return None
+
+    @property
     def log_dir(self) -> str | None:
         """Directory this run writes to; `ModelCheckpoint` puts checkpoints under it."""
         return None

@@ -79,3 +79,24 @@ class _ForgetsTheClosure(BoringModel):
 def test_an_optimizer_step_that_skips_the_closure_is_an_error(tmp_path: Path, side: str) -> None:
     with pytest.raises(Exception, match="closure"):
         _trainer(side, tmp_path).fit(_ForgetsTheClosure())
+
+
+def test_setup_receives_the_stage_as_lightning_passes_it(tmp_path: Path) -> None:
+    seen = {}
+
+    class RecordsStage(BoringModel):
+        def setup(self, stage: Any) -> None:
+            seen["value"], seen["equal"] = stage.value, stage == "fit"
+
+    _trainer("ours", tmp_path).fit(RecordsStage())
+    assert seen == {"value": "fit", "equal": True}
+
+
+def test_gpu_is_lightnings_name_for_the_gpu() -> None:
+    from strategies.base import resolve_accelerator
+
+    if torch.cuda.is_available():
+        assert resolve_accelerator("gpu") == "cuda"
+    else:
+        with pytest.raises(RuntimeError, match="cuda"):
+            resolve_accelerator("gpu")
