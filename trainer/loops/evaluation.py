@@ -31,6 +31,7 @@ from trainer.combined_loader import CombinedLoader
 from trainer.data_sources import overrides
 from trainer.loops.batches import iterate_limited, num_batches, set_sampler_epoch
 from trainer.loops.signatures import check_eval_signatures
+from trainer.loops.step_iterator import StepIterator, takes_dataloader_iter
 from trainer.loops.training_step import takes_batch_idx
 from trainer.module_adapter import set_current_hook
 from trainer.seed import rng_states, restore_rng_states
@@ -102,16 +103,9 @@ def _evaluate_loaders(trainer: Any, module: nn.Module, loaders: list[Any], stage
     callbacks.call_module(f"on_{prefix}_model_eval", module)
     callbacks.call(f"on_{prefix}_start", trainer, module)
     callbacks.call(f"on_{prefix}_epoch_start", trainer, module)
-    for loader_idx, (loader, limit) in enumerate(zip(loaders, counts)):
-        store.dataloader_idx = loader_idx if len(loaders) > 1 else None
-        extra = (loader_idx,) if len(loaders) > 1 else ()
-        for batch_idx, batch in iterate_limited(trainer, loader, stage, dataloader_idx=loader_idx, limit=limit):
-            callbacks.call(f"on_{prefix}_batch_start", trainer, module, batch, batch_idx, *extra)
-            output = _step(trainer, module, step_name, batch, batch_idx, extra)
-            callbacks.call(f"on_{prefix}_batch_end", trainer, module, output, batch, batch_idx, *extra)
-            seen = trainer.data.seen_batches.get((stage, loader_idx), 0)
-            trainer.write_eval_step_metrics(step=seen)
-            trainer.data.seen_batches[(stage, loader_idx)] = seen + 1
+    run = _run_fetching_steps if takes_dataloader_iter(getattr(module, step_name)) else _run_batches
+    run(trainer, module, loaders, stage, counts, lambda output, loader_idx: _write_step_metrics(trainer, stage,
+                                                                                                loader_idx))
     store.dataloader_idx = None
     store.compute_epoch(stage)
     callbacks.call(f"on_{prefix}_epoch_end", trainer, module)
@@ -123,6 +117,53 @@ def _evaluate_loaders(trainer: Any, module: nn.Module, loaders: list[Any], stage
     _restore_train_mode(callbacks, module, prefix, modes)
     trainer.state.stage = previous_stage
     return results
+
+
+def _run_batches(trainer: Any, module: nn.Module, loaders: list[Any], stage: str, counts: list[int],
+                 after_step: Any) -> None:
+    """Each loader in turn, each batch: its batch hooks around the step (`dataloader_idx` passed
+    when there are several loaders); `after_step(output, dataloader_idx)`."""
+    prefix, step_name = _STAGES[stage]
+    callbacks, store = trainer.callback_list, trainer.metric_store
+    for loader_idx, (loader, limit) in enumerate(zip(loaders, counts)):
+        store.dataloader_idx = loader_idx if len(loaders) > 1 else None
+        extra = (loader_idx,) if len(loaders) > 1 else ()
+        for batch_idx, batch in iterate_limited(trainer, loader, stage, dataloader_idx=loader_idx, limit=limit):
+            callbacks.call(f"on_{prefix}_batch_start", trainer, module, batch, batch_idx, *extra)
+            output = _step(trainer, module, step_name, batch, batch_idx, extra)
+            callbacks.call(f"on_{prefix}_batch_end", trainer, module, output, batch, batch_idx, *extra)
+            after_step(output, loader_idx)
+
+
+def _write_step_metrics(trainer: Any, stage: str, loader_idx: int) -> None:
+    """This batch's step values go to the loggers at the count of batches this loader has run."""
+    seen = trainer.data.seen_batches.get((stage, loader_idx), 0)
+    trainer.write_eval_step_metrics(step=seen)
+    trainer.data.seen_batches[(stage, loader_idx)] = seen + 1
+
+
+def _run_fetching_steps(trainer: Any, module: nn.Module, loaders: list[Any], stage: str, counts: list[int],
+                        after_step: Any) -> None:
+    """A step that reads its own batches (`validation_step(self, dataloader_iter)`): all loaders
+    through one StepIterator, the step run while batches remain, the batch hooks given the batch
+    fetched last (see trainer/loops/step_iterator.py). `after_step(output, dataloader_idx)`."""
+    prefix, step_name = _STAGES[stage]
+    callbacks, store = trainer.callback_list, trainer.metric_store
+    several = len(loaders) > 1
+    steps = StepIterator((batch_idx, batch, loader_idx)
+                         for loader_idx, (loader, limit) in enumerate(zip(loaders, counts))
+                         for batch_idx, batch in iterate_limited(trainer, loader, stage, dataloader_idx=loader_idx,
+                                                                 limit=limit))
+    while steps.has_more():
+        batch, batch_idx, loader_idx = steps.last
+        callbacks.call(f"on_{prefix}_batch_start", trainer, module, batch, batch_idx,
+                       *((loader_idx,) if several else ()))
+        store.dataloader_idx = steps.upcoming_dataloader_idx() if several else None
+        output = _step(trainer, module, step_name, steps, batch_idx, ())
+        batch, batch_idx, loader_idx = steps.last
+        callbacks.call(f"on_{prefix}_batch_end", trainer, module, output, batch, batch_idx,
+                       *((loader_idx,) if several else ()))
+        after_step(output, loader_idx)
 
 
 def run_predict(trainer: Any, module: nn.Module, loaders: list[Any]) -> Any:
@@ -144,16 +185,11 @@ def _predict_loaders(trainer: Any, module: nn.Module, loaders: list[Any]) -> Any
     callbacks.call_module("on_predict_model_eval", module)
     callbacks.call("on_predict_start", trainer, module)
     callbacks.call("on_predict_epoch_start", trainer, module)
-    results: list[list[Any]] = []
-    for loader_idx, loader in enumerate(loaders):
-        extra = (loader_idx,) if len(loaders) > 1 else ()
-        outputs = []
-        for batch_idx, batch in iterate_limited(trainer, loader, "predict", dataloader_idx=loader_idx):
-            callbacks.call("on_predict_batch_start", trainer, module, batch, batch_idx, *extra)
-            output = _step(trainer, module, "predict_step", batch, batch_idx, extra)
-            callbacks.call("on_predict_batch_end", trainer, module, output, batch, batch_idx, *extra)
-            outputs.append(output)
-        results.append(outputs)
+    results: list[list[Any]] = [[] for _ in loaders]
+    counts = [num_batches(trainer, loader, "predict") for loader in loaders]
+    run = _run_fetching_steps if takes_dataloader_iter(module.predict_step) else _run_batches
+    run(trainer, module, loaders, "predict", counts, lambda output, loader_idx: results[loader_idx].append(output))
+    trainer.metric_store.dataloader_idx = None
     callbacks.call("on_predict_epoch_end", trainer, module)
     callbacks.call("on_predict_end", trainer, module)
     _set_modes(module, modes)

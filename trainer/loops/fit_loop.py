@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from torch import nn
@@ -24,6 +25,7 @@ from strategies.rank_zero import rank_zero_info, rank_zero_warn
 from trainer.checkpoint_loops import restore_loader_states
 from trainer.loops.batches import iterate_limited, num_batches, set_sampler_epoch
 from trainer.loops.signatures import check_training_signature
+from trainer.loops.step_iterator import StepIterator, takes_dataloader_iter
 from trainer.loops.evaluation import has_step, run_evaluation, run_sanity_check
 from trainer.loops.training_step import run_training_batch, step_schedulers
 from trainer.seed import restore_rank_rng_states
@@ -112,16 +114,21 @@ def _run_epoch(trainer: Any, module: nn.Module, train_loader: Any) -> None:
         callbacks.call("on_train_epoch_start", trainer, module)
     total = trainer.num_training_batches
     last_idx, stopped = -1, False
-    for batch_idx, batch in iterate_limited(trainer, train_loader, "train", skip=skip, start_at=start_at,
-                                            on_resumed=lambda: _restore_rng(trainer)):
+    batches = iterate_limited(trainer, train_loader, "train", skip=skip, start_at=start_at,
+                              on_resumed=lambda: _restore_rng(trainer))
+    for batch_idx, batch in _batches_or_steps(module, batches):
         last_idx = batch_idx
         state.is_last_batch = batch_idx + 1 == total
-        if callbacks.call("on_train_batch_start", trainer, module, batch, batch_idx) == -1:
+        hook_batch = batch.last[0] if isinstance(batch, StepIterator) else batch
+        if callbacks.call("on_train_batch_start", trainer, module, hook_batch, batch_idx) == -1:
             step_schedulers(trainer, module, "epoch", plateau=False)  # Lightning: the epoch ends here
             last_idx, stopped = (total - 1 if total != float("inf") else batch_idx), True
             break  # Lightning: returning -1 ends the epoch early (counted as its last batch)
         window_end = (batch_idx + 1) % trainer.accumulate_grad_batches == 0 or batch_idx + 1 == total
         output = run_training_batch(trainer, module, batch, batch_idx, window_end)
+        if isinstance(batch, StepIterator):  # the step fetched its own batches: follow where it got to
+            hook_batch, batch_idx, _ = batch.last
+            last_idx, state.is_last_batch = batch_idx, not batch.has_more()
         store.sync_pending()  # the step's sync_dist values, one collective, before callbacks read them
         state.batch_in_epoch = batch_idx + 1
         state.samples_in_epoch += _global_batch_size(trainer, train_loader)
@@ -130,7 +137,7 @@ def _run_epoch(trainer: Any, module: nn.Module, train_loader: Any) -> None:
         if state.is_last_batch:
             step_schedulers(trainer, module, "epoch", plateau=False)
         state.step_in_flight, state.in_batch_end = window_end, True
-        callbacks.call("on_train_batch_end", trainer, module, output, batch, batch_idx)
+        callbacks.call("on_train_batch_end", trainer, module, output, hook_batch, batch_idx)
         state.in_batch_end = False
         store.sync_pending()  # what on_train_batch_end logged with sync_dist (no-op otherwise)
         _log_step(trainer, module, window_end)
@@ -159,6 +166,17 @@ def _run_epoch(trainer: Any, module: nn.Module, train_loader: Any) -> None:
         step_schedulers(trainer, module, "epoch", plateau=True)
     trainer.write_logger_metrics(step=max(0, state.stepped_batches - 1))
     store.reset_stage("train")  # the next epoch aggregates afresh (what on_train_start logged counted in the first)
+
+
+def _batches_or_steps(module: nn.Module, batches: Iterator[tuple[int, Any]]) -> Iterator[tuple[int, Any]]:
+    """(batch_idx, batch) pairs; for a `training_step(self, dataloader_iter)`, one StepIterator per
+    step while batches remain, paired with the index of the batch fetched last."""
+    if not takes_dataloader_iter(module.training_step):
+        yield from batches
+        return
+    steps = StepIterator((batch_idx, batch, 0) for batch_idx, batch in batches)
+    while steps.has_more():
+        yield steps.last[1], steps
 
 
 def _log_step(trainer: Any, module: nn.Module, window_end: bool) -> None:
