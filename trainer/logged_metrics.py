@@ -73,6 +73,8 @@ class _Entry:
     metric: Any = None  # a torchmetrics.Metric: computed (and synced) by itself at epoch end
     pending_epoch: bool = field(default=False)
     suffix: str = ""  # "/dataloader_idx_N" when logged from one of several evaluation dataloaders
+    # the evaluation dataloaders it was logged from (add_dataloader_idx=False keeps one name for all)
+    logged_from: set[int] = field(default_factory=set)
 
     @property
     def full_name(self) -> str:
@@ -124,6 +126,8 @@ class MetricStore:
         suffix = f"/dataloader_idx_{self.dataloader_idx}" \
             if add_dataloader_idx and self.dataloader_idx is not None and stage != "train" else ""
         entry = self._entry(fx, name, stage, on_step, on_epoch, prog_bar, logger, reduce_fx, sync_dist, suffix)
+        if self.dataloader_idx is not None:
+            entry.logged_from.add(self.dataloader_idx)
         if _is_metric(value):
             self._log_metric_object(entry, value)
             return
@@ -240,13 +244,17 @@ class MetricStore:
         self._entries.clear()
 
     def stage_results(self, stage: str, dataloader_idx: int | None) -> dict[str, float]:
-        """What `validate()`/`test()` return for one dataloader: its epoch-level values, plus those
-        logged without a dataloader (in the epoch-end hooks), as in Lightning."""
+        """What `validate()`/`test()` return for one dataloader: the epoch-level values it logged
+        (with or without its `/dataloader_idx_N` suffix), plus those logged outside any dataloader
+        (in the epoch-end hooks), as in Lightning."""
         suffix = f"/dataloader_idx_{dataloader_idx}" if dataloader_idx is not None else None
         results = {}
         for (entry_stage, _), entry in sorted(self._entries.items()):
             if entry_stage != stage or not entry.on_epoch or (entry.suffix and entry.suffix != suffix):
                 continue
+            if not entry.suffix and entry.logged_from and dataloader_idx is not None \
+                    and dataloader_idx not in entry.logged_from:
+                continue  # logged by another dataloader under a name without its index
             key = entry.keys()[1]
             if key in self.callback_metrics:
                 results[key] = float(self.callback_metrics[key])

@@ -10,10 +10,11 @@ from typing import Any
 
 import torch
 
+_COMPARED = ("scheduler", "interval", "frequency", "monitor", "name", "strict", "reduce_on_plateau")
 _SCHEDULER_KEYS = {"scheduler", "interval", "frequency", "monitor", "name", "strict", "reduce_on_plateau"}
 
 
-@dataclass
+@dataclass(eq=False)
 class LRSchedulerConfig:
     """A scheduler and when to step it (Lightning's lr_scheduler dict, as a type)."""
 
@@ -28,6 +29,12 @@ class LRSchedulerConfig:
     @property
     def reduce_on_plateau(self) -> bool:
         return isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to another scheduler config, ours or Lightning's, with the same settings."""
+        if type(other).__name__ != "LRSchedulerConfig":
+            return NotImplemented
+        return all(getattr(self, name) == getattr(other, name, None) for name in _COMPARED)
 
 
 def init_optimizers(returned: Any) -> tuple[list[torch.optim.Optimizer], list[LRSchedulerConfig]]:

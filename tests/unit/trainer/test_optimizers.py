@@ -112,3 +112,12 @@ def test_unknown_scheduler_keys_are_ignored_with_a_warning() -> None:
         _, (config,) = init_optimizers({"optimizer": opt, "lr_scheduler": {
             "scheduler": torch.optim.lr_scheduler.StepLR(opt, 1), "foo": 1, "interval": "step"}})
     assert config.interval == "step"
+
+
+def test_scheduler_configs_compare_equal_to_lightnings() -> None:
+    types = pytest.importorskip("lightning.pytorch.utilities.types")
+    opt = _opt()
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt)
+    ours = LRSchedulerConfig(plateau, monitor="val_loss")
+    assert ours == types.LRSchedulerConfig(scheduler=plateau, monitor="val_loss", reduce_on_plateau=True)
+    assert ours != types.LRSchedulerConfig(scheduler=plateau, monitor="other", reduce_on_plateau=True)
