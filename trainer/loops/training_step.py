@@ -187,7 +187,10 @@ def _run_manual_batch(trainer: Any, module: nn.Module, batch: Any, batch_idx: in
         return {"loss": output.detach()}
     if isinstance(output, Mapping) and isinstance(output.get("loss"), torch.Tensor):
         return {**output, "loss": output["loss"].detach()}
-    return output
+    if isinstance(output, Mapping):
+        return dict(output)
+    raise TypeError(f"{type(module).__name__}.training_step returned a {type(output).__name__}; in manual "
+                    "optimization it returns a tensor, a dict, or nothing.")
 
 
 def step_schedulers(trainer: Any, module: nn.Module, interval: str, batch_idx: int = 0,

@@ -100,3 +100,18 @@ def test_gpu_is_lightnings_name_for_the_gpu() -> None:
     else:
         with pytest.raises(RuntimeError, match="cuda"):
             resolve_accelerator("gpu")
+
+
+class _ManualReturnsANumber(BoringModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        return 5
+
+
+@pytest.mark.parametrize("side", _TRAINERS)
+def test_manual_optimization_refuses_a_step_output_of_another_kind(tmp_path: Path, side: str) -> None:
+    with pytest.raises(Exception, match="(?i)manual optimization"):
+        _trainer(side, tmp_path).fit(_ManualReturnsANumber())
