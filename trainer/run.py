@@ -116,6 +116,7 @@ def _run(trainer: Any, stage: str, model: nn.Module, data: dict[str, Any]) -> An
         output = _fit(trainer, module, ckpt_path)
     elif stage == "predict":
         trainer.ckpt_path = _restore_weights(trainer, module, ckpt_path)
+        _log_hyperparams(trainer, module)
         module.zero_grad()
         loaders = trainer.data.request(trainer, "predict") if trainer.limit_predict_batches != 0 else []
         output = run_predict(trainer, module, loaders)
@@ -137,9 +138,9 @@ def _fit(trainer: Any, module: nn.Module, ckpt_path: str | None) -> None:
     _configure_optimizers(trainer, module)
     if checkpoint is not None:
         checkpointing.restore_training_state(trainer, module, checkpoint, path)
-    _log_hyperparams(trainer, module)
     callbacks = trainer.callback_list
     callbacks.call("on_fit_start", trainer, module)
+    _log_hyperparams(trainer, module)  # every stage, after on_fit_start in fit (Lightning's order)
     module.zero_grad()
     with torch.autograd.set_detect_anomaly(trainer.detect_anomaly):
         run_fit(trainer, module)
@@ -153,6 +154,7 @@ def _evaluate(trainer: Any, module: nn.Module, stage: str, ckpt_path: str | None
         step = "validation_step" if stage == "validate" else "test_step"
         raise NotImplementedError(f"Trainer.{stage}() needs {type(module).__name__}.{step}(batch, batch_idx).")
     trainer.ckpt_path = _restore_weights(trainer, module, ckpt_path)
+    _log_hyperparams(trainer, module)
     module.zero_grad()
     limit = trainer.limit_val_batches if stage == "validate" else trainer.limit_test_batches
     loaders = trainer.data.request(trainer, stage) if limit != 0 else []
