@@ -93,9 +93,9 @@ def stateful_loader_states(loaders: list[Any]) -> list[dict[str, Any]]:
 def restore_loader_states(loaders: list[Any], states: list[dict[str, Any]]) -> bool:
     """Put saved positions back into the stateful training loaders; True when some were restored
     (they then resume by themselves, and the fit loop must not skip batches)."""
-    stateful = [member for loader in loaders for member in members(loader) if _is_stateful(member)]
     if not states:
         return False
+    stateful = [member for loader in loaders for member in members(loader) if _is_stateful(member)]
     if len(stateful) != len(states):
         raise ValueError(f"the checkpoint holds the state of {len(states)} stateful training dataloader(s), but this "
                          f"fit has {len(stateful)}: use the same training dataloaders as the run that saved it.")
@@ -106,6 +106,13 @@ def restore_loader_states(loaders: list[Any], states: list[dict[str, Any]]) -> b
 
 def _is_stateful(loader: Any) -> bool:
     return callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
+
+
+def saved_loader_states(checkpoint: dict[str, Any]) -> list[dict[str, Any]]:
+    """The stateful training loaders' positions a checkpoint holds (Lightning's place for them)."""
+    loops = checkpoint.get("loops")
+    fit_state = loops.get("fit_loop", {}).get("state_dict", {}) if isinstance(loops, dict) else {}
+    return list(fit_state.get("combined_loader", []))
 
 
 def position_from_lightning(loops: dict[str, Any], checkpoint: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from strategies.checkpoint_io import CheckpointError
-from trainer.checkpoint_loops import lightning_loops, position_from_lightning
+from trainer.checkpoint_loops import lightning_loops, position_from_lightning, saved_loader_states
 from trainer.hparams import plain_hparams
 from trainer.seed import gather_rng_states
 
@@ -165,15 +165,14 @@ def restore_training_state(trainer: Any, module: Any, checkpoint: dict[str, Any]
     trainer.metric_store.load_state_dict(_saved(checkpoint, "metrics", {}))
     trainer.loop_state.load_state_dict(_loop_position(checkpoint))
     _check_not_past_max_epochs(trainer, path)
-    loops = checkpoint.get("loops", {})
-    fit_state = loops.get("fit_loop", {}).get("state_dict", {}) if isinstance(loops, dict) else {}
-    trainer.loop_state.loader_states_to_restore = list(fit_state.get("combined_loader", []))
+    trainer.loop_state.loader_states_to_restore = saved_loader_states(checkpoint)
     datamodule = trainer.datamodule
     if datamodule is not None and callable(getattr(datamodule, "load_state_dict", None)):
         state = checkpoint.get(type(datamodule).__qualname__, checkpoint.get("datamodule"))
         if state:
             datamodule.load_state_dict(state)
-    trainer.loop_state.rng_to_restore = _rng_as(torch.int64, _saved(checkpoint, "rng_states", None))  # the fit loop applies it
+    # the fit loop applies it, at the point the checkpoint was taken
+    trainer.loop_state.rng_to_restore = _rng_as(torch.int64, _saved(checkpoint, "rng_states", None))
 
 
 def _check_not_past_max_epochs(trainer: Any, path: str) -> None:

@@ -66,6 +66,7 @@ def run_stage(trainer: Any, stage: str, model: nn.Module, data: dict[str, Any]) 
     finally:
         detach(model)
         trainer.strategy.outside_backward = None  # it holds this run's module (and could not be pickled)
+        trainer.callback_list.take_back_logging()
         if trainer.datamodule is not None:
             trainer.datamodule.trainer = None
         trainer.state.stage = None
@@ -255,8 +256,8 @@ def _load(trainer: Any, path: str) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------- reporting
 def _log_hyperparams(trainer: Any, module: nn.Module) -> None:
-    """At fit start each logger gets the hyperparameters (unless turned off) and the model for its
-    graph (`log_graph`; TensorBoardLogger(log_graph=True) draws it), as in Lightning."""
+    """As each stage starts, every logger gets the hyperparameters (unless turned off) and the model
+    for its graph (`log_graph`; TensorBoardLogger(log_graph=True) draws it), as in Lightning."""
     if not trainer.is_global_zero:
         return
     log_params = trainer.enable_autolog_hparams and getattr(module, "_log_hyperparams", True)

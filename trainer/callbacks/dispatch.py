@@ -57,6 +57,9 @@ def is_monitoring(callback: Any) -> bool:
     return is_checkpoint(callback) or is_early_stopping(callback)
 
 
+_LENT = ("log", "log_dict")
+
+
 class CallbackList:
     """The Trainer's callbacks. `call(hook, ...)` runs `callback.hook(trainer, module, ...)` for
     each callback, then `module.hook(...)` when the module defines it."""
@@ -79,11 +82,19 @@ class CallbackList:
 
     def lend_logging(self, module: nn.Module) -> None:
         """`self.log(...)` / `self.log_dict(...)` inside a callback hook log through the module, as in
-        Lightning (the values count as logged from that hook). A callback's own `log` is kept."""
+        Lightning (the values count as logged from that hook), for one stage. A callback's own `log`
+        is kept."""
         for callback in self.callbacks:
-            for name in ("log", "log_dict"):
+            for name in _LENT:
                 if not callable(getattr(type(callback), name, None)) and callable(getattr(module, name, None)):
-                    setattr(callback, name, getattr(module, name))
+                    callback.__dict__[name] = getattr(module, name)
+
+    def take_back_logging(self) -> None:
+        """Undo `lend_logging` (the callbacks must not keep this stage's module)."""
+        for callback in self.callbacks:
+            for name in _LENT:
+                if not callable(getattr(type(callback), name, None)):
+                    getattr(callback, "__dict__", {}).pop(name, None)
 
     def call_callbacks(self, hook: str, trainer: Any, module: nn.Module, *args: Any,
                        monitoring: bool | None = None, **kwargs: Any) -> None:

@@ -360,7 +360,8 @@ class ModelCheckpoint(Callback):
 
     def _find_last_checkpoints(self, trainer: Any) -> set[str]:
         """The `last` files in dirpath (`last.ckpt`, `last-v1.ckpt`, ...: this callback's name and
-        extension), which `ckpt_path="last"` chooses from."""
+        extension). `trainer` is part of Lightning's signature for this query; a local directory
+        needs nothing from it."""
         if not self.dirpath or not os.path.isdir(self.dirpath):
             return set()
         pattern = re.compile(re.escape(self.CHECKPOINT_NAME_LAST) + r"(-v\d+)?" + re.escape(self.FILE_EXTENSION) + "$")

@@ -41,7 +41,6 @@ class StepIterator:
         self._items = items
         self._peeked: Any = _NOTHING
         self.last: tuple[Any, int, int] = (None, 0, 0)
-        self.fetched = 0  # batches handed to the step so far
 
     def __iter__(self) -> StepIterator:
         return self
@@ -52,7 +51,6 @@ class StepIterator:
             raise StopIteration
         batch_idx, batch, dataloader_idx = item
         self.last = (batch, batch_idx, dataloader_idx)
-        self.fetched += 1
         return self.last
 
     def has_more(self) -> bool:
