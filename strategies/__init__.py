@@ -12,14 +12,23 @@ from strategies.single_device import SingleDeviceStrategy
 
 __all__ = ["DDPStrategy", "SingleDeviceStrategy", "Strategy", "resolve_strategy"]
 
-# Lightning's strategy names, with Lightning's meaning, as DDPStrategy arguments.
+# Lightning's strategy names, with Lightning's meaning, as DDPStrategy arguments. Lightning's fork
+# variants (for notebooks and scripts whose classes a spawned worker cannot import) start workers
+# from a forkserver here: no re-import of the script, the same as fork for the user, but safe
+# whatever the launching process has initialised (OpenMP's threads, CUDA), which a plain fork is not.
 _DDP_NAMES: dict[str, dict[str, object]] = {
     "ddp": {},
     "ddp_spawn": {"start_method": "spawn"},
+    "ddp_fork": {"start_method": "forkserver"},
+    "ddp_notebook": {"start_method": "forkserver"},
     "ddp_find_unused_parameters_true": {"find_unused_parameters": True},
     "ddp_find_unused_parameters_false": {},
     "ddp_spawn_find_unused_parameters_true": {"start_method": "spawn", "find_unused_parameters": True},
     "ddp_spawn_find_unused_parameters_false": {"start_method": "spawn"},
+    "ddp_fork_find_unused_parameters_true": {"start_method": "forkserver", "find_unused_parameters": True},
+    "ddp_fork_find_unused_parameters_false": {"start_method": "forkserver"},
+    "ddp_notebook_find_unused_parameters_true": {"start_method": "forkserver", "find_unused_parameters": True},
+    "ddp_notebook_find_unused_parameters_false": {"start_method": "forkserver"},
 }
 _SINGLE_NAMES = ("single", "single_device")
 STRATEGY_NAMES = ("auto", *_DDP_NAMES, *_SINGLE_NAMES)
@@ -37,10 +46,6 @@ def resolve_strategy(strategy: str | Strategy, devices: int, num_nodes: int, syn
         return DDPStrategy(sync_batchnorm=sync_batchnorm, **_DDP_NAMES[strategy])  # type: ignore[arg-type]
     if strategy in _SINGLE_NAMES:
         return SingleDeviceStrategy()
-    if strategy in ("ddp_fork", "ddp_notebook"):
-        raise ValueError(f"strategy={strategy!r} (forked workers) is not offered yet: a forked worker hangs in OpenMP "
-                         "once the launching process has used it. Use strategy='ddp' (workers start from a "
-                         "forkserver) or 'ddp_spawn'.")
     raise ValueError(f"strategy={strategy!r} is not supported; expected one of {STRATEGY_NAMES} "
                      f"or a Strategy instance.")
 

@@ -143,6 +143,10 @@ class Strategy(abc.ABC):
     def teardown(self) -> None:
         """Release what `setup_environment`/`setup_module` acquired. Safe to call twice."""
 
+    def stop_workers(self) -> None:
+        """Stop the worker processes `launch` keeps for this strategy's next stage (none by
+        default). They also stop when the strategy is garbage-collected or the process exits."""
+
     # ------------------------------------------------------------------ gradients
     #: Set by the Trainer while it runs: how a backward requested from outside its loop runs (Lightning's
     #: own `LightningModule.manual_backward` calls `strategy.backward(loss, optimizer, *args, **kwargs)`),

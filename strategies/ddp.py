@@ -26,7 +26,7 @@ from strategies.base import ACCELERATORS, ReduceOp, Strategy
 from strategies.checkpoint_io import CheckpointIO
 from strategies.hang_guard import LEDGER, HangGuard
 from strategies.environment import (ClusterEnvironment, check_launch_matches, detect_environment,
-                                    processes_launched_externally)
+                                    processes_launched_externally, processes_outlive_stages)
 from strategies.rank_zero import rank_prefixed_message
 from strategies.reducer_options import ReducerOptions, check_bool, check_positive_number
 from strategies.sampler import distribute_dataloader
@@ -228,9 +228,11 @@ class DDPStrategy(Strategy):
         if self._reducer is not None:
             self._reducer.remove()
             self._reducer = None
-        # Under torchrun/SLURM the process lives on for the next stage (fit, then test): the
-        # group stays, since re-creating it on the launcher's store hangs. Our own workers exit.
-        if self._owns_process_group and not processes_launched_externally():
+        # Under torchrun/SLURM and in our own workers the process lives on for the next stage
+        # (fit, then test): the group stays, since re-creating it on the launcher's store hangs,
+        # and joining it again would cost the next stage its start-up. Our workers destroy it as
+        # they exit. A world of one run in place (a notebook, a test) releases it now.
+        if self._owns_process_group and not processes_outlive_stages():
             process_group.destroy_process_group()
             self._owns_process_group = False
 
@@ -348,6 +350,12 @@ class DDPStrategy(Strategy):
             raise RuntimeError(f"DDPStrategy.{method}() needs the gradient reducer; call "
                                f"strategy.setup_module(module) first.")
         return self._reducer
+
+    @override
+    def stop_workers(self) -> None:
+        from strategies import launcher
+
+        launcher.stop_workers(self)
 
     def __getstate__(self) -> dict[str, Any]:
         # Only configuration travels to the workers; per-process state is rebuilt there.

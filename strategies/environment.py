@@ -345,6 +345,12 @@ def processes_launched_externally() -> bool:
     return TorchElasticEnvironment.detect() or SLURMEnvironment.detect()
 
 
+def processes_outlive_stages() -> bool:
+    """True when this process is a rank that lives on for the next stage: one started by torchrun
+    or srun, or one of our own local workers (strategies/worker.py)."""
+    return LocalEnvironment.detect() or processes_launched_externally()
+
+
 def detect_environment(default_world_size: int = 1) -> ClusterEnvironment:
     """The environment describing this process (see the module docstring for the order)."""
     if LocalEnvironment.detect():

@@ -77,6 +77,7 @@ def run_stage(trainer: Any, stage: str, model: nn.Module, data: dict[str, Any]) 
         result.callback_metrics = dict(trainer.callback_metrics)
         result.logged_metrics = dict(trainer.logged_metrics)
         result.progress_bar_metrics = dict(trainer.progress_bar_metrics)
+        result.ckpt_path = trainer.ckpt_path
         result.state_dict = {k: v.detach().cpu() for k, v in trainer.strategy.unwrap(model).state_dict().items()}
     return result
 

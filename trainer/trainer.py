@@ -46,6 +46,7 @@ class StageResult:
     callback_metrics: dict[str, Any] = field(default_factory=dict)
     logged_metrics: dict[str, float] = field(default_factory=dict)
     progress_bar_metrics: dict[str, float] = field(default_factory=dict)
+    ckpt_path: str | None = None
     interrupted: bool = False
 
 
@@ -283,6 +284,7 @@ class Trainer:
         """Apply rank 0's outcome to this (launching) process."""
         if result.state_dict:
             model.load_state_dict(result.state_dict)
+        self.ckpt_path = result.ckpt_path
         self.loop_state.load_state_dict(result.loop_state)
         self.callback_list.load_state_dict(result.callback_states)
         self.metric_store.callback_metrics.clear()

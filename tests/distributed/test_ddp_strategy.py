@@ -12,6 +12,11 @@ import pytest
 from strategies import DDPStrategy
 from strategies.launcher import WorkerFailedError
 from tests.helpers import ddp_workers
+from tests.helpers.processes import alive
+
+REPO = Path(__file__).parents[2]
+
+
 
 
 def _strategy(**kwargs: Any) -> DDPStrategy:
@@ -97,19 +102,26 @@ def test_workers_that_return_at_once_still_finish_cleanly() -> None:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
-def test_workers_see_the_environment_of_the_launch_and_leave_no_server_behind(
-        start_method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_workers_live_across_launches_see_the_launchers_environment_and_leave_no_server_behind(
+        start_method: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from multiprocessing import forkserver
 
     strategy = _strategy(start_method=start_method)
-    for value in ("first", "second"):  # a server kept from the first launch would hand out "first" again
+    seen = []
+    for value in ("first", "second"):  # set between launches: the kept workers must see the change
         monkeypatch.setenv("DDP_TRAINER_TEST_VARIABLE", value)
+        monkeypatch.chdir(tmp_path if value == "second" else REPO)
         ranks = strategy.launch(ddp_workers.start_facts, strategy, "DDP_TRAINER_TEST_VARIABLE")
         assert [rank["variable"] for rank in ranks] == [value, value]
+        assert {rank["cwd"] for rank in ranks} == {os.getcwd()}
         parents = {rank["ppid"] for rank in ranks}
         # forkserver: both forked from the launch's server, not from this process; spawn: from this one
         assert (parents == {os.getpid()}) == (start_method == "spawn") and len(parents) == 1
-    assert forkserver._forkserver._forkserver_pid is None  # each launch's server is gone with it
+        seen.append([rank["pid"] for rank in ranks])
+    assert seen[0] == seen[1]  # the second launch ran in the same workers
+    strategy.stop_workers()
+    assert not [pid for pid in seen[0] if alive(pid)]
+    assert forkserver._forkserver._forkserver_pid is None  # the pool's server is gone with it
 
 
 @pytest.mark.timeout(120)

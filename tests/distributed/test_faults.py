@@ -15,17 +15,12 @@ import pytest
 from strategies import DDPStrategy
 from strategies.launcher import WorkerFailedError
 from tests.helpers import ddp_workers
+from tests.helpers.processes import alive, wait_until_ended
 
 REPO = Path(__file__).parents[2]
 PROMPT_S = 10  # from the failure to the raise; a surviving rank would otherwise sleep 60 s
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
 
 
 def _children_of(parent: int) -> list[str]:
@@ -68,7 +63,7 @@ def test_raising_rank_ends_launch_with_its_rank_and_traceback(tmp_path: Path) ->
     assert "ValueError: boom from rank one" in message and "Traceback" in message
     assert "raise_on_rank_one" in message  # the worker's own frame, not the launcher's
     pids = _worker_pids(tmp_path)
-    assert len(pids) == 2 and not [pid for pid in pids if _alive(pid)]
+    assert len(pids) == 2 and not [pid for pid in pids if alive(pid)]
     assert _children_of(os.getpid()) == []
 
 
@@ -99,7 +94,7 @@ def test_killed_rank_ends_the_job_nonzero_and_leaves_no_process(tmp_path: Path) 
     # Said once: elastic's own E-log copy of the failure is silenced when nothing restarts.
     assert not [line for line in done.stderr.splitlines() if re.match(r"E\d{4} ", line)], done.stderr
     pids = _worker_pids(pid_dir)
-    assert len(pids) == 2 and not [pid for pid in pids if _alive(pid)]
+    assert len(pids) == 2 and not [pid for pid in pids if alive(pid)]
 
 
 LAUNCHER = textwrap.dedent("""
@@ -134,12 +129,9 @@ def test_workers_stop_when_their_launcher_is_killed(tmp_path: Path, start_method
         assert len(pids) == 2, "the workers never started"
         launcher.kill()
         launcher.wait()
-        deadline = time.monotonic() + PROMPT_S
-        while [pid for pid in pids if _alive(pid)] and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not [pid for pid in pids if _alive(pid)]
+        assert not wait_until_ended(pids, PROMPT_S)
     finally:
         launcher.kill()
         for pid in _worker_pids(pid_dir):
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, 9)

@@ -17,7 +17,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from strategies import DDPStrategy, launcher
+from strategies import DDPStrategy
+from strategies.worker import STOP_SIGNALS
 
 
 def ranks_and_pids(strategy: DDPStrategy) -> dict[str, Any]:
@@ -159,14 +160,15 @@ def record_pid_and_sleep(strategy: DDPStrategy, pid_dir: str) -> None:
 
 def start_facts(strategy: DDPStrategy, variable: str) -> list[Any]:
     """Every rank's parent pid (who started it) and its view of `variable` in os.environ."""
-    return gather_all(strategy, {"ppid": os.getppid(), "variable": os.environ.get(variable)})
+    return gather_all(strategy, {"ppid": os.getppid(), "pid": os.getpid(), "cwd": os.getcwd(),
+                                 "variable": os.environ.get(variable)})
 
 
 def stop_signal_handlers(strategy: DDPStrategy) -> list[Any]:
     """Every rank's handler for the signals torch elastic stops workers with, by name."""
     names = {signal.SIG_DFL: "default", signal.SIG_IGN: "ignored", signal.default_int_handler: "KeyboardInterrupt"}
     mine: dict[str, Any] = {sig.name: names.get(signal.getsignal(sig), "other")
-                            for sig in launcher._STOP_SIGNALS}
+                            for sig in STOP_SIGNALS}
     mine["ppid"] = os.getppid()
     return gather_all(strategy, mine)
 

@@ -1,0 +1,187 @@
+"""What runs inside one local worker process: take stages from the launching process, one
+after the other, until told to stop or until the launching process is gone.
+
+A worker is started once per `WorkerPool` (strategies/worker_pool.py) and keeps its process
+group between stages, so `trainer.test()` after `trainer.fit()` starts no process and joins no
+group. Each stage arrives as an `Order` over the worker's pipe; the work itself (often a whole
+model and its data) is in a file the order names. A failure is stamped into the failures folder
+(the launching process reads the stamps to name the root cause) and ends the process.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import multiprocessing
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import cloudpickle
+import torch
+
+from strategies import process_group
+from strategies.environment import LOCAL_LAUNCH_MARKER
+from strategies.hang_guard import FAILURES_DIR_VARIABLE, write_failure_stamp
+
+if TYPE_CHECKING:
+    from strategies.base import Strategy
+
+# The signals a stop from outside arrives as (torch elastic and torchrun use the same set).
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+                     if hasattr(signal, name))
+# After the launching process died and this worker was interrupted, how long it may take to
+# wind down before it ends itself: a rank blocked in a collective never sees the interrupt.
+_ORPHAN_GRACE_S = 10.0
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Who a worker is, fixed for its life."""
+
+    local_rank: int
+    world_size: int
+    store_port: int  # the launching process's TCPStore: the group's rendezvous
+    failures_dir: str
+    start_method: str
+
+
+@dataclass(frozen=True)
+class Order:
+    """One stage for a worker: the work's file and what the launching process's state is now
+    (environment variables changed since the pool started, working directory), so that a
+    stage sees what a freshly started worker would (a seed set between fit and test)."""
+
+    payload_path: str
+    env_changes: dict[str, str | None]
+    cwd: str
+    restart_count: int = 0
+
+
+STOP = "stop"  # the message that ends a worker's loop
+
+
+def worker_main(spec: WorkerSpec, connection: Connection) -> None:
+    """Entry point of every local worker (module level, so a spawned process imports it by name)."""
+    obey_stop_signals()
+    stop_when_the_launcher_dies()
+    _export_rank_variables(spec)
+    # A rank killed by a C++ abort (gloo on mismatched collectives) leaves its Python stack here.
+    faulthandler.enable(file=open(Path(spec.failures_dir, f"{spec.local_rank}.fault"), "w"))  # noqa: SIM115
+    split_cpu_threads(spec.world_size)
+    try:
+        while (order := _next_order(connection)) is not None:
+            connection.send_bytes(_run_order(order))
+    except BaseException:
+        # Stamp the failure with a precise time before the process exits: the peers' errors
+        # that this exit causes come later, so the earliest stamp is the root cause.
+        write_failure_stamp(Path(spec.failures_dir), traceback.format_exc())
+        sys.exit(1)  # quietly: the launching process reports the stamped traceback once
+    finally:
+        process_group.destroy_process_group()
+
+
+def _next_order(connection: Connection) -> Order | None:
+    """The next stage, or None when the launching process says stop or has gone away."""
+    try:
+        message = pickle.loads(connection.recv_bytes())
+    except (EOFError, OSError):
+        return None
+    return None if message == STOP else message  # type: ignore[no-any-return]
+
+
+def _run_order(order: Order) -> bytes:
+    """Run one stage; global rank 0 answers with its pickled result, the others with b""."""
+    _apply_launcher_state(order)
+    strategy, fn, args, kwargs = load_work(order.payload_path)
+    strategy.setup_environment()
+    result = fn(*args, **kwargs)
+    finish(strategy)
+    return cloudpickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL) if strategy.global_rank == 0 else b""
+
+
+def _apply_launcher_state(order: Order) -> None:
+    for key, value in order.env_changes.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    os.environ["TORCHELASTIC_RESTART_COUNT"] = str(order.restart_count)
+    if os.getcwd() != order.cwd:
+        os.chdir(order.cwd)
+
+
+def _export_rank_variables(spec: WorkerSpec) -> None:
+    """The variables torchrun sets, so one code path reads ranks the same way everywhere;
+    `TORCHELASTIC_USE_AGENT_STORE` points every rank at the launching process's store."""
+    os.environ.update({
+        LOCAL_LAUNCH_MARKER: "1", FAILURES_DIR_VARIABLE: spec.failures_dir,
+        "RANK": str(spec.local_rank), "LOCAL_RANK": str(spec.local_rank), "GROUP_RANK": "0",
+        "WORLD_SIZE": str(spec.world_size), "LOCAL_WORLD_SIZE": str(spec.world_size),
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(spec.store_port),
+        "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "0",
+    })
+
+
+def load_work(path: str) -> tuple[Strategy, Any, tuple[Any, ...], dict[str, Any]]:
+    """Load the launching process's work. Storages are mapped copy-on-write (private to this rank).
+
+    `weights_only=False`: the file is the launching process's own pickle of the function and its
+    arguments, written a moment ago into a private temporary directory, not a checkpoint.
+    """
+    work: tuple[Strategy, Any, tuple[Any, ...], dict[str, Any]] = torch.load(path, mmap=True, weights_only=False)
+    return work
+
+
+def finish(strategy: Strategy) -> None:
+    """Wait for every rank before tearing down: a rank that closed its connections while a peer
+    was still reading the last collective would break that peer."""
+    strategy.barrier("teardown")
+    strategy.teardown()
+
+
+def split_cpu_threads(local_world_size: int) -> None:
+    """Give each local rank its share of the CPUs, so N ranks do not oversubscribe N x cores."""
+    if "OMP_NUM_THREADS" in os.environ:  # the user (or our parent) already decided
+        threads = max(1, int(os.environ["OMP_NUM_THREADS"]))
+    else:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        threads = max(1, cpus // max(1, local_world_size))
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+
+
+def obey_stop_signals() -> None:
+    """Let the stop signals stop this worker even where the launching process ignores them.
+
+    A worker inherits ignored signals (a forked one the server's, a spawned one across exec):
+    under a background job SIGINT and SIGQUIT are ignored, so a stop would have to wait out the
+    grace period and SIGKILL. Only ignored signals are reset: a handler the user's script
+    installed at import stays.
+    """
+    for sig in STOP_SIGNALS:
+        if signal.getsignal(sig) == signal.SIG_IGN:
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+
+
+def stop_when_the_launcher_dies() -> None:
+    """Interrupt this worker once the launching process is gone (its end of a pipe closes), and
+    end it outright if it has not wound down after a grace period."""
+    launcher = multiprocessing.parent_process()
+    if launcher is None:
+        return
+
+    def watch() -> None:
+        wait([launcher.sentinel])
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(_ORPHAN_GRACE_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="ddp-trainer-launcher-watch", daemon=True).start()
