@@ -11,6 +11,7 @@ model and its data) is in a file the order names. A failure is stamped into the 
 from __future__ import annotations
 
 import faulthandler
+import gc
 import multiprocessing
 import os
 import pickle
@@ -104,7 +105,10 @@ def _run_order(order: Order) -> bytes:
     strategy.setup_environment()
     result = fn(*args, **kwargs)
     finish(strategy)
-    return cloudpickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL) if strategy.global_rank == 0 else b""
+    answer = cloudpickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL) if strategy.global_rank == 0 else b""
+    del strategy, fn, args, kwargs, result
+    gc.collect()  # a module and its trainer refer to each other: free this stage's copy before the next arrives
+    return answer
 
 
 def _apply_launcher_state(order: Order) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -129,6 +130,33 @@ def test_workers_stop_when_their_launcher_is_killed(tmp_path: Path, start_method
         assert len(pids) == 2, "the workers never started"
         launcher.kill()
         launcher.wait()
+        assert not wait_until_ended(pids, PROMPT_S)
+    finally:
+        launcher.kill()
+        for pid in _worker_pids(pid_dir):
+            if alive(pid):
+                os.kill(pid, 9)
+
+
+@pytest.mark.timeout(90)
+def test_ctrl_c_ends_the_launcher_and_every_worker(tmp_path: Path) -> None:
+    # Ctrl-C in a terminal sends SIGINT to the whole foreground process group.
+    script = tmp_path / "launcher.py"
+    script.write_text(LAUNCHER)
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    launcher = subprocess.Popen([sys.executable, str(script), str(pid_dir), "forkserver"], cwd=REPO, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(pid_dir.glob("*.pid"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        pids = _worker_pids(pid_dir)
+        assert len(pids) == 2, "the workers never started"
+        os.killpg(launcher.pid, signal.SIGINT)
+        _, err = launcher.communicate(timeout=PROMPT_S)
+        assert launcher.returncode != 0 and "KeyboardInterrupt" in err
         assert not wait_until_ended(pids, PROMPT_S)
     finally:
         launcher.kill()
