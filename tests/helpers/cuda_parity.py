@@ -78,7 +78,7 @@ class Record(Callback):
                      "param_device": str(next(pl_module.parameters()).device)}
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self.losses.append(float(outputs.detach()))
+        self.losses.append(float(outputs["loss"].detach()))  # Lightning hands the step output as a dict
 
 
 def ours(precision: str, root: str, device_type: str) -> dict[str, Any]:

@@ -61,7 +61,8 @@ def test_steps_that_fetch_their_own_batches_run_as_in_lightning(tmp_path: Path, 
     for name, trainer_class in _TRAINERS.items():
         data = DataLoader(RandomDataset(32, 16), batch_size=2)  # 8 batches
         limits = {} if limit is None else {f"limit_{s}_batches": limit for s in ("train", "val", "test", "predict")}
-        trainer = trainer_class(default_root_dir=tmp_path / name, max_epochs=1, logger=False, enable_progress_bar=False,
+        trainer = trainer_class(accelerator="cpu", default_root_dir=tmp_path / name, max_epochs=1, logger=False,
+                                enable_progress_bar=False,
                                 enable_checkpointing=False, enable_model_summary=False, **limits)
         model = _TwoBatchesPerStep()
         trainer.fit(model, data, data)

@@ -17,7 +17,8 @@ _TRAINERS = {"lightning": pl.Trainer, "ours": Trainer}
 
 
 def _trainer(side: str, tmp_path: Path, **kwargs: Any) -> Any:
-    settings = dict(default_root_dir=tmp_path, max_epochs=1, limit_train_batches=2, limit_val_batches=2, logger=False,
+    settings = dict(accelerator="cpu", default_root_dir=tmp_path, max_epochs=1, limit_train_batches=2, limit_val_batches=2,
+                    logger=False,
                     enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
     return _TRAINERS[side](**{**settings, **kwargs})
 
