@@ -63,6 +63,7 @@ def resolve_trainer_args(args: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"Trainer({name}={resolved[name]!r}) is not supported by this Trainer; {hint}.")
     if resolved["barebones"]:
         _apply_barebones(resolved)
+    _check_val_schedule(resolved["val_check_interval"], resolved["check_val_every_n_epoch"])
     for name, default in _DEFAULTS.items():
         if resolved[name] is None:
             resolved[name] = default
@@ -193,6 +194,16 @@ def _check_interval(value: Any) -> None:
         raise ValueError(f"val_check_interval={value}; a float must lie in (0, 1] (a fraction of an epoch).")
     if isinstance(value, int) and value < 1:
         raise ValueError(f"val_check_interval={value}; an int must be >= 1 (a number of batches).")
+
+
+def _check_val_schedule(interval: Any, every_n_epochs: Any) -> None:
+    """Lightning's rule, on the values as passed (the default interval, None, is allowed): without
+    epochs to validate by, the interval counts training batches across epochs, so a fraction of an
+    epoch means nothing there."""
+    if every_n_epochs is None and isinstance(interval, float):
+        raise ValueError(f"val_check_interval={interval} is a fraction of an epoch, but check_val_every_n_epoch=None "
+                         "validates every N training batches counted across epochs: pass an int number of batches "
+                         "(e.g. val_check_interval=100), or set check_val_every_n_epoch to validate by epochs.")
 
 
 def _check_limit(name: str, value: Any) -> None:

@@ -94,3 +94,37 @@ def test_arguments_we_cannot_honour_are_refused_by_name(name: str) -> None:
 def test_weights_only_false_is_refused_not_ignored(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="weights_only=False"):
         _trainer(tmp_path).fit(TinyRegressor(), datamodule=RegressionData(), weights_only=False)
+
+
+@pytest.mark.parametrize(("interval", "every_n_epochs"), [(0.5, None), (1.0, None), (None, None), (3, None),
+                                                          (0.5, 1)])
+def test_a_fraction_of_an_epoch_needs_epochs_to_validate_by_as_in_lightning(tmp_path: Path, interval: Any,
+                                                                           every_n_epochs: int | None) -> None:
+    """check_val_every_n_epoch=None counts batches across epochs: Lightning refuses a float
+    val_check_interval there (the default, None, is fine); where it accepts one, validation runs at
+    the same steps."""
+    pl = pytest.importorskip("lightning.pytorch")
+    from lightning.pytorch.demos.boring_classes import BoringModel
+    from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+    validated_at: list[int] = []
+
+    class Record(pl.Callback):
+        def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+            validated_at.append(trainer.global_step)
+
+    found: dict[str, Any] = {}
+    for name, trainer_class in (("lightning", pl.Trainer), ("ours", Trainer)):
+        validated_at.clear()
+        try:
+            trainer = trainer_class(val_check_interval=interval, check_val_every_n_epoch=every_n_epochs, max_epochs=2,
+                                    limit_train_batches=4, limit_val_batches=1, num_sanity_val_steps=0, logger=False,
+                                    enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
+                                    default_root_dir=tmp_path / name, callbacks=[Record()])
+        except (ValueError, MisconfigurationException):
+            found[name] = "refused"
+            continue
+        trainer.fit(BoringModel())
+        found[name] = list(validated_at)
+    assert found["ours"] == found["lightning"]
+    assert (found["ours"] == "refused") == (isinstance(interval, float) and every_n_epochs is None)
