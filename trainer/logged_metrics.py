@@ -1,9 +1,8 @@
 """What `self.log` stores: step values, epoch aggregation, cross-rank sync, the three views.
 
-Lightning's defaults: in `training_step` and the per-batch training hooks a value is logged
-per step; everywhere else (validation/test steps, epoch-end hooks) it is aggregated per epoch.
-With both `on_step` and `on_epoch`, the logger gets `name_step` and `name_epoch` while
-`callback_metrics[name]` holds the latest of the two.
+Which hooks may log, and whether a value is logged per step or aggregated per epoch there unless
+told, is Lightning's rule (trainer/log_rules.py). With both `on_step` and `on_epoch`, the logger
+gets `name_step` and `name_epoch` while `callback_metrics[name]` holds the latest of the two.
 
 `sync_dist=True` values are reduced over ranks, so every rank must log the same sync_dist keys.
 They are batched: everything due at one sync point travels in ONE all-reduce (a stacked float64
@@ -27,11 +26,8 @@ from typing import Any, Protocol
 import torch
 
 from strategies.rank_zero import rank_zero_warn
+from trainer.log_rules import LoggingError, logging_levels
 
-_STEP_HOOKS = {
-    "training_step", "on_train_batch_start", "on_train_batch_end", "on_before_backward",
-    "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad",
-}
 _REDUCE_NAMES: dict[Any, str] = {"mean": "mean", "sum": "sum", "max": "max", "min": "min",
                                  torch.mean: "mean", torch.sum: "sum", torch.max: "max", torch.min: "min",
                                  max: "max", min: "min", sum: "sum"}
@@ -60,6 +56,7 @@ def stage_of(fx: str) -> str:
 
 @dataclass
 class _Entry:
+    fx: str  # the hook that first logged it
     name: str
     stage: str
     on_step: bool
@@ -112,23 +109,17 @@ class MetricStore:
     def log(self, fx: str, name: str, value: Any, prog_bar: bool = False, logger: bool = True,
             on_step: bool | None = None, on_epoch: bool | None = None, reduce_fx: Any = "mean",
             sync_dist: bool = False, batch_size: int | None = None, add_dataloader_idx: bool = True) -> None:
+        on_step, on_epoch = logging_levels(fx, name, on_step, on_epoch)
+        if add_dataloader_idx and "/dataloader_idx_" in name:
+            raise LoggingError(f"self.log({name!r}): the Trainer adds '/dataloader_idx_N' to the name itself; log it "
+                               "without that suffix, or pass add_dataloader_idx=False to keep your own name.")
         stage = stage_of(fx)
-        step_default = fx in _STEP_HOOKS
-        on_step = on_step if on_step is not None else step_default
-        on_epoch = on_epoch if on_epoch is not None else not step_default
-        if fx.endswith("_epoch_end") or fx in ("on_train_end", "on_fit_end", "on_train_start", "on_fit_start",
-                                                "on_validation_end", "on_test_end", "on_validation_start",
-                                                "on_test_start", "on_train_epoch_start", "on_validation_epoch_start",
-                                                "on_test_epoch_start"):
-            if on_step:
-                raise ValueError(f"self.log({name!r}, on_step=True) in {fx}: there is no step here; use "
-                                 "on_step=False, on_epoch=True.")
         suffix = f"/dataloader_idx_{self.dataloader_idx}" \
             if add_dataloader_idx and self.dataloader_idx is not None and stage != "train" else ""
         entry = self._entry(fx, name, stage, on_step, on_epoch, prog_bar, logger, reduce_fx, sync_dist, suffix)
         if self.dataloader_idx is not None:
             entry.logged_from.add(self.dataloader_idx)
-        if _is_metric(value):
+        if is_metric(value):
             self._log_metric_object(entry, value)
             return
         tensor = _as_scalar(name, value)
@@ -165,8 +156,14 @@ class MetricStore:
         reduce_name = _reduce_name(name, reduce_fx)
         entry = self._entries.get((stage, name + suffix))
         if entry is None:
-            entry = _Entry(name, stage, on_step, on_epoch, prog_bar, logger, reduce_name, sync_dist, suffix=suffix)
+            entry = _Entry(fx, name, stage, on_step, on_epoch, prog_bar, logger, reduce_name, sync_dist,
+                           suffix=suffix)
             self._entries[(stage, name + suffix)] = entry
+        elif entry.fx == fx and (entry.on_step, entry.on_epoch, entry.prog_bar, entry.logger, entry.reduce_fx,
+                                 entry.sync_dist) != (on_step, on_epoch, prog_bar, logger, reduce_name, sync_dist):
+            raise LoggingError(f"self.log({name!r}, ...) was called twice in {fx} with different options; one name "
+                               "keeps one set of options (on_step, on_epoch, prog_bar, logger, reduce_fx, sync_dist) "
+                               "within a hook.")
         return entry
 
     def _log_metric_object(self, entry: _Entry, metric: Any) -> None:
@@ -358,8 +355,8 @@ def _reduce_name(name: str, reduce_fx: Any) -> str:
     key = reduce_fx.lower() if isinstance(reduce_fx, str) else reduce_fx
     key = "mean" if key == "avg" else key
     if key not in _REDUCE_NAMES:
-        raise ValueError(f"self.log({name!r}, reduce_fx={reduce_fx!r}): expected one of 'mean', 'sum', 'max', "
-                         "'min' (or torch.mean/sum/max/min).")
+        raise LoggingError(f"self.log({name!r}, reduce_fx={reduce_fx!r}): expected one of 'mean', 'sum', 'max', "
+                           "'min' (or torch.mean/sum/max/min).")
     return _REDUCE_NAMES[key]
 
 
@@ -375,17 +372,17 @@ def _f64(value: Any) -> torch.Tensor:
     return torch.tensor(float(value), dtype=torch.float64)
 
 
-def _is_metric(value: Any) -> bool:
+def is_metric(value: Any) -> bool:
     return hasattr(value, "compute") and hasattr(value, "update") and hasattr(value, "reset")
 
 
 def _as_scalar(name: str, value: Any) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
-            raise ValueError(f"self.log({name!r}, ...) needs a scalar; got a tensor of shape {tuple(value.shape)}.")
+            raise LoggingError(f"self.log({name!r}, ...) needs a scalar; got a tensor of shape {tuple(value.shape)}.")
         return value.detach().reshape(())
     if isinstance(value, numbers.Real):  # bools included, as in Lightning
         return torch.tensor(float(value))
-    # ValueError, as Lightning raises for a value of the wrong kind
-    raise ValueError(f"self.log({name!r}, ...) got a {type(value).__name__}; expected a number, a scalar tensor "
-                     "or a torchmetrics Metric.")
+    # a ValueError, as Lightning raises for a value of the wrong kind
+    raise LoggingError(f"self.log({name!r}, ...) got a {type(value).__name__}; expected a number, a scalar tensor "
+                       "or a torchmetrics Metric.")

@@ -9,6 +9,8 @@ module-level so the same code serves an unchanged `pytorch_lightning.LightningMo
 from __future__ import annotations
 
 import inspect
+import warnings
+import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +18,8 @@ import torch
 from torch import nn
 
 from trainer.hparams import AttributeDict, collect_init_args, plain_hparams
+from trainer.log_rules import LoggingError
+from trainer.logged_metrics import is_metric as _is_metric
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -261,6 +265,7 @@ class LightningModule(nn.Module):
 
 
 # ---------------------------------------------------------------------- shared implementations
+_metric_ids: weakref.WeakKeyDictionary[nn.Module, set[int]] = weakref.WeakKeyDictionary()
 _LOG_KEYS = ("prog_bar", "logger", "on_step", "on_epoch", "reduce_fx", "sync_dist", "batch_size",
              "enable_graph", "sync_dist_group", "add_dataloader_idx", "metric_attribute", "rank_zero_only")
 
@@ -271,15 +276,38 @@ def log(module: nn.Module, name: str, value: Any, **kwargs: Any) -> None:
     if unknown:
         raise TypeError(f"self.log() got unexpected arguments {sorted(unknown)}; allowed: {list(_LOG_KEYS)}.")
     trainer = getattr(module, "_trainer", None)
-    if trainer is None:
-        return  # Lightning also ignores logging outside a Trainer (with a warning).
+    if trainer is None:  # a step called by hand, e.g. in a test: nothing to log to (as in Lightning)
+        warnings.warn(f"self.log({name!r}) is ignored: {type(module).__name__} is not attached to a Trainer.",
+                      stacklevel=3)
+        return
     if getattr(trainer, "barebones", False):
         raise RuntimeError("self.log() does nothing under Trainer(barebones=True): logging is off in barebones "
                            "mode. Remove barebones=True, or the self.log calls.")
-    fx = getattr(module, "_current_fx_name", None) or "training_step"
+    fx = getattr(module, "_current_fx_name", None)
+    if fx is None:
+        raise LoggingError(f"self.log({name!r}) was called outside the steps and hooks the Trainer runs, so no hook "
+                           "decides how to log it; log from a step or a hook.")
+    if _is_metric(value) and kwargs.get("metric_attribute") is None:
+        _check_metric_attribute(module, name, value)
     trainer.metric_store.log(fx, name, value, **{k: v for k, v in kwargs.items()
                                                  if k not in ("enable_graph", "sync_dist_group",
                                                               "metric_attribute", "rank_zero_only")})
+
+
+def _check_metric_attribute(module: nn.Module, name: str, metric: Any) -> None:
+    """A logged torchmetrics object must be one of the module's submodules (Lightning's rule: that is
+    how it is found again, e.g. to be reset and moved with the module). The module's metrics are
+    listed once and again only when an unknown one is logged, not on every batch."""
+    known = _metric_ids.get(module)
+    if known is None or id(metric) not in known:
+        known = _metric_ids[module] = {id(child) for child in module.modules() if _is_metric(child)}
+    if id(metric) in known:
+        return
+    owned = [child_name for child_name, child in module.named_modules() if _is_metric(child)]
+    hint = (f"pass metric_attribute= naming one of {owned}" if owned
+            else "assign the metric to an attribute of the module in __init__")
+    raise LoggingError(f"self.log({name!r}, <{type(metric).__name__}>): this metric is not an attribute of "
+                       f"{type(module).__name__}; {hint}.")
 
 
 def log_dict(module: nn.Module, dictionary: Mapping[str, Any], **kwargs: Any) -> None:

@@ -72,9 +72,13 @@ def _looks_like_lightning_module(module: nn.Module) -> bool:
     return callable(getattr(module, "training_step", None)) and hasattr(module, "_trainer")
 
 
-def set_current_hook(module: nn.Module, fx: str | None) -> None:
-    """Record which hook runs, so `self.log` picks that hook's defaults."""
+def set_current_hook(module: nn.Module, fx: str | None) -> str | None:
+    """Record which hook runs, so `self.log` follows that hook's rule; returns the hook that ran
+    before, which the caller puts back when this one returns (hooks nest: a manual
+    `training_step` runs `on_before_backward` and logs again after it)."""
+    previous = module.__dict__.get("_current_fx_name")
     module.__dict__["_current_fx_name"] = fx
+    return previous
 
 
 def automatic_optimization(module: nn.Module) -> bool:

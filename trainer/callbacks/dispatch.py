@@ -98,26 +98,27 @@ class CallbackList:
 
     def call_callbacks(self, hook: str, trainer: Any, module: nn.Module, *args: Any,
                        monitoring: bool | None = None, **kwargs: Any) -> None:
-        for callback in self.callbacks:
-            if monitoring is not None and is_monitoring(callback) != monitoring:
-                continue
-            method = getattr(callback, hook, None)
-            if method is None:
-                continue
-            set_current_hook(module, hook)
-            method(trainer, module, *args, **kwargs)
-        set_current_hook(module, None)
+        previous = set_current_hook(module, hook)
+        try:
+            for callback in self.callbacks:
+                if monitoring is not None and is_monitoring(callback) != monitoring:
+                    continue
+                method = getattr(callback, hook, None)
+                if method is not None:
+                    method(trainer, module, *args, **kwargs)
+        finally:
+            set_current_hook(module, previous)
 
     @staticmethod
     def call_module(hook: str, module: nn.Module, *args: Any, **kwargs: Any) -> Any:
         method = getattr(module, hook, None)
         if not callable(method):
             return None
-        set_current_hook(module, hook)
+        previous = set_current_hook(module, hook)
         try:
             return method(*args, **kwargs)
         finally:
-            set_current_hook(module, None)
+            set_current_hook(module, previous)
 
     def state_dict(self) -> dict[str, Any]:
         states = {}

@@ -266,11 +266,11 @@ def _restore_train_mode(callbacks: Any, module: nn.Module, prefix: str, modes: d
 
 
 def _step(trainer: Any, module: nn.Module, step_name: str, batch: Any, batch_idx: int, extra: tuple) -> Any:
-    set_current_hook(module, step_name)
+    previous = set_current_hook(module, step_name)
     try:
         step = getattr(module, step_name)
         args = (batch, batch_idx, *extra) if takes_batch_idx(step) else (batch,)
         with trainer.precision_plugin.autocast():
             return trainer.strategy.evaluation_step(module, step_name, *args)
     finally:
-        set_current_hook(module, None)
+        set_current_hook(module, previous)

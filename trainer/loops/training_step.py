@@ -97,13 +97,13 @@ def backward(trainer: Any, module: nn.Module, loss: torch.Tensor, *args: Any, **
 
 
 def training_step(trainer: Any, module: nn.Module, batch: Any, batch_idx: int) -> Any:
-    set_current_hook(module, "training_step")
+    previous = set_current_hook(module, "training_step")
     try:
         with trainer.precision_plugin.autocast():
             args = (batch, batch_idx) if takes_batch_idx(module.training_step) else (batch,)
             return trainer.strategy.training_step(module, *args)
     finally:
-        set_current_hook(module, None)
+        set_current_hook(module, previous)
 
 
 def takes_batch_idx(step: Any) -> bool:
