@@ -257,13 +257,17 @@ class MetricStore:
                 results[key] = float(self.callback_metrics[key])
         return results
 
-    def compute_epoch(self, stage: str) -> None:
+    def compute_epoch(self, stage: str, dataloader_idx: int | None = None, with_loaders: bool = True) -> None:
         """Aggregate what `stage` logged since the last call and publish it: plain values in one
         collective, then torchmetrics objects (each syncs itself), in sorted key order, so every
-        rank issues the same collectives in the same order."""
+        rank issues the same collectives in the same order. With several evaluation dataloaders,
+        `dataloader_idx` limits this to what that dataloader logged (Lightning publishes a
+        dataloader's values as soon as it is done), and `with_loaders=False` leaves out everything
+        the dataloaders logged (the sanity check never shows those)."""
         self.sync_pending()
-        due = [self._entries[key] for key in sorted(k for k in self._entries if k[0] == stage)
-               if self._entries[key].pending_epoch]
+        due = [entry for key, entry in sorted(self._entries.items()) if key[0] == stage and entry.pending_epoch
+               and (dataloader_idx is None or dataloader_idx in entry.logged_from)
+               and (with_loaders or not entry.logged_from)]
         for entry in due:
             entry.pending_epoch = False
         plain = [entry for entry in due if entry.metric is None]

@@ -6,15 +6,16 @@ Lightning's order for one evaluation::
     on_{stage}_model_eval (default: model.eval(); each submodule's mode is restored afterwards)
     on_{stage}_start; on_{stage}_epoch_start
     for loader, for batch: batch-transfer hooks; on_{stage}_batch_start; *_step; on_{stage}_batch_end
+        [several loaders, not the sanity check: the loader's epoch metrics once its batches are over]
     epoch metrics; on_{stage}_epoch_end; metrics logged there; on_{stage}_end
     on_{stage}_model_train when overridden, else the saved modes put back
 
 Exactly-once evaluation: under DDP each rank iterates an unpadded shard (the strategy's
 `process_dataloader(..., for_training=False)`), so ranks may run different numbers of batches.
 That is safe because nothing below issues a collective per batch: the only collectives of a
-stage are the metric store's epoch-end syncs (`compute_epoch`, called at the same two points on
-every rank: before and after `on_*_epoch_end`), each one all-reduce for every plain value plus
-the torchmetrics objects' own syncs, in sorted key order. Step-level `sync_dist` values logged
+stage are the metric store's epoch syncs (`compute_epoch`, called at the same points on every
+rank: after each of several loaders, before and after `on_*_epoch_end`), each one all-reduce for
+every plain value plus the torchmetrics objects' own syncs, in sorted key order. Step-level `sync_dist` values logged
 here stay rank-local (see trainer/logged_metrics.py).
 """
 
@@ -103,13 +104,17 @@ def _evaluate_loaders(trainer: Any, module: nn.Module, loaders: list[Any], stage
     callbacks.call_module(f"on_{prefix}_model_eval", module)
     callbacks.call(f"on_{prefix}_start", trainer, module)
     callbacks.call(f"on_{prefix}_epoch_start", trainer, module)
+    # Lightning: with several dataloaders, a dataloader's epoch values are published once it is done,
+    # except in the sanity check, which never shows them (not even in on_validation_epoch_end)
+    sanity, several = previous_stage == "sanity_check", len(loaders) > 1
     run = _run_fetching_steps if takes_dataloader_iter(getattr(module, step_name)) else _run_batches
-    run(trainer, module, loaders, stage, counts, lambda output, loader_idx: _write_step_metrics(trainer, stage,
-                                                                                                loader_idx))
+    run(trainer, module, loaders, stage, counts,
+        lambda output, loader_idx: _write_step_metrics(trainer, stage, loader_idx),
+        loader_done=None if sanity or not several else lambda loader_idx: store.compute_epoch(stage, loader_idx))
     store.dataloader_idx = None
-    store.compute_epoch(stage)
+    store.compute_epoch(stage, with_loaders=not sanity)
     callbacks.call(f"on_{prefix}_epoch_end", trainer, module)
-    store.compute_epoch(stage)
+    store.compute_epoch(stage, with_loaders=not sanity)
     results = [store.stage_results(stage, idx if len(loaders) > 1 else None) for idx in range(len(loaders))]
     store.reset_metric_objects(stage)
     trainer.write_logger_metrics()
@@ -120,9 +125,10 @@ def _evaluate_loaders(trainer: Any, module: nn.Module, loaders: list[Any], stage
 
 
 def _run_batches(trainer: Any, module: nn.Module, loaders: list[Any], stage: str, counts: list[int],
-                 after_step: Any) -> None:
+                 after_step: Any, loader_done: Any = None) -> None:
     """Each loader in turn, each batch: its batch hooks around the step (`dataloader_idx` passed
-    when there are several loaders); `after_step(output, dataloader_idx)`."""
+    when there are several loaders); `after_step(output, dataloader_idx)`, and
+    `loader_done(dataloader_idx)` once a loader's batches are over."""
     prefix, step_name = _STAGES[stage]
     callbacks, store = trainer.callback_list, trainer.metric_store
     for loader_idx, (loader, limit) in enumerate(zip(loaders, counts)):
@@ -133,6 +139,8 @@ def _run_batches(trainer: Any, module: nn.Module, loaders: list[Any], stage: str
             output = _step(trainer, module, step_name, batch, batch_idx, extra)
             callbacks.call(f"on_{prefix}_batch_end", trainer, module, output, batch, batch_idx, *extra)
             after_step(output, loader_idx)
+        if loader_done is not None:
+            loader_done(loader_idx)
 
 
 def _write_step_metrics(trainer: Any, stage: str, loader_idx: int) -> None:
@@ -143,10 +151,12 @@ def _write_step_metrics(trainer: Any, stage: str, loader_idx: int) -> None:
 
 
 def _run_fetching_steps(trainer: Any, module: nn.Module, loaders: list[Any], stage: str, counts: list[int],
-                        after_step: Any) -> None:
+                        after_step: Any, loader_done: Any = None) -> None:
     """A step that reads its own batches (`validation_step(self, dataloader_iter)`): all loaders
     through one StepIterator, the step run while batches remain, the batch hooks given the batch
-    fetched last (see trainer/loops/step_iterator.py). `after_step(output, dataloader_idx)`."""
+    fetched last (see trainer/loops/step_iterator.py). `after_step(output, dataloader_idx)`;
+    `loader_done(dataloader_idx)` when the batch fetched last comes from the next loader, and at
+    the end."""
     prefix, step_name = _STAGES[stage]
     callbacks, store = trainer.callback_list, trainer.metric_store
     several = len(loaders) > 1
@@ -154,8 +164,12 @@ def _run_fetching_steps(trainer: Any, module: nn.Module, loaders: list[Any], sta
                          for loader_idx, (loader, limit) in enumerate(zip(loaders, counts))
                          for batch_idx, batch in iterate_limited(trainer, loader, stage, dataloader_idx=loader_idx,
                                                                  limit=limit))
+    previous_loader = 0
     while steps.has_more():
         batch, batch_idx, loader_idx = steps.last
+        if loader_done is not None and loader_idx != previous_loader:
+            loader_done(previous_loader)
+        previous_loader = loader_idx
         callbacks.call(f"on_{prefix}_batch_start", trainer, module, batch, batch_idx,
                        *((loader_idx,) if several else ()))
         store.dataloader_idx = steps.upcoming_dataloader_idx() if several else None
@@ -164,6 +178,8 @@ def _run_fetching_steps(trainer: Any, module: nn.Module, loaders: list[Any], sta
         callbacks.call(f"on_{prefix}_batch_end", trainer, module, output, batch, batch_idx,
                        *((loader_idx,) if several else ()))
         after_step(output, loader_idx)
+    if loader_done is not None:
+        loader_done(previous_loader)
 
 
 def run_predict(trainer: Any, module: nn.Module, loaders: list[Any]) -> Any:
