@@ -57,7 +57,7 @@ class TrainerConfig:
     accumulate_grad_batches: int = 1
     gradient_clip_val: Optional[float] = None
     gradient_clip_algorithm: str = "norm"
-    val_check_interval: Any = 1.0  # float fraction of an epoch or int batch count
+    val_check_interval: Any = None  # None (once per epoch), a float fraction of an epoch or an int batch count
     check_val_every_n_epoch: Optional[int] = 1
     limit_train_batches: Any = 1.0  # float fraction or int count (likewise below)
     limit_val_batches: Any = 1.0
@@ -278,7 +278,8 @@ def _check_trainer(trainer: DictConfig) -> None:
         raise ConfigError("trainer.gradient_clip_val", clip, "must be null or >= 0")
     for key in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches"):
         _check_fraction_or_count(trainer, key, zero_ok=True)
-    _check_fraction_or_count(trainer, "val_check_interval", zero_ok=False)
+    if trainer.val_check_interval is not None:
+        _check_fraction_or_count(trainer, "val_check_interval", zero_ok=False)
     fast = trainer.fast_dev_run
     if not isinstance(fast, bool) and not (isinstance(fast, int) and fast >= 0):
         raise ConfigError("trainer.fast_dev_run", fast, "must be true, false or an int number of batches >= 0")
