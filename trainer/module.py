@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from strategies.rank_zero import rank_zero_warn
 from trainer.hparams import AttributeDict, collect_init_args, plain_hparams
 from trainer.log_rules import LoggingError
 from trainer.logged_metrics import is_metric as _is_metric
@@ -280,9 +281,9 @@ def log(module: nn.Module, name: str, value: Any, **kwargs: Any) -> None:
         warnings.warn(f"self.log({name!r}) is ignored: {type(module).__name__} is not attached to a Trainer.",
                       stacklevel=3)
         return
-    if getattr(trainer, "barebones", False):
-        raise RuntimeError("self.log() does nothing under Trainer(barebones=True): logging is off in barebones "
-                           "mode. Remove barebones=True, or the self.log calls.")
+    if getattr(trainer, "barebones", False):  # Lightning drops the value with a warning
+        rank_zero_warn(f"self.log({name!r}) is ignored: Trainer(barebones=True) turns logging off for raw speed.")
+        return
     fx = getattr(module, "_current_fx_name", None)
     if fx is None:
         raise LoggingError(f"self.log({name!r}) was called outside the steps and hooks the Trainer runs, so no hook "

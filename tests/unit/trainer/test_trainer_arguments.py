@@ -46,6 +46,24 @@ def test_barebones_switches_off_what_costs_speed_and_refuses_conflicts() -> None
         Trainer(barebones=True, enable_checkpointing=True)
 
 
+@pytest.mark.parametrize("package", ["lightning", "ours"])
+def test_self_log_under_barebones_warns_and_logs_nothing(tmp_path: Path, package: str) -> None:
+    import pytorch_lightning as pl
+    from pytorch_lightning.demos.boring_classes import BoringModel
+
+    class Logs(BoringModel):
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            output = super().training_step(batch, batch_idx)
+            self.log("train_loss", output["loss"])
+            return output
+
+    trainer_class = pl.Trainer if package == "lightning" else Trainer
+    trainer = trainer_class(barebones=True, max_steps=2, accelerator="cpu", default_root_dir=tmp_path)
+    with pytest.warns(UserWarning, match="barebones=True"):
+        trainer.fit(Logs())
+    assert trainer.global_step == 2 and dict(trainer.callback_metrics) == {}
+
+
 @pytest.mark.parametrize(("value", "expected"), [("00:01:00:00", timedelta(hours=1)),
                                                  ({"minutes": 5}, timedelta(minutes=5)),
                                                  (timedelta(seconds=3), timedelta(seconds=3))])
