@@ -143,6 +143,12 @@ class Strategy(abc.ABC):
     def teardown(self) -> None:
         """Release what `setup_environment`/`setup_module` acquired. Safe to call twice."""
 
+    def compile_context(self, dynamo_ctx: Any) -> Any:
+        """The dynamo context a `torch.compile`d module's code runs under with this strategy; the
+        user's own by default. DDP replaces its backend with one that splits graphs at the bucket
+        boundaries, so gradients become ready (and buckets launch) during backward."""
+        return dynamo_ctx
+
     def stop_workers(self) -> None:
         """Stop the worker processes `launch` keeps for this strategy's next stage (none by
         default). They also stop when the strategy is garbage-collected or the process exits."""

@@ -352,6 +352,15 @@ class DDPStrategy(Strategy):
         return self._reducer
 
     @override
+    def compile_context(self, dynamo_ctx: Any) -> Any:
+        if self.world_size < 2:
+            return dynamo_ctx  # nothing to overlap with
+        from strategies.compile import bucketed_context
+
+        cap = self._tuned_bucket_cap_mb or (self.bucket_cap_mb if self.bucket_cap_mb != AUTO else 25.0)
+        return bucketed_context(dynamo_ctx, float(cap), self.first_bucket_cap_mb)
+
+    @override
     def stop_workers(self) -> None:
         from strategies import launcher
 

@@ -9,6 +9,7 @@ import torch
 
 from strategies.checkpoint_io import CheckpointError
 from trainer.checkpoint_loops import lightning_loops, position_from_lightning, saved_loader_states
+from trainer.compiled import plain_state_dict, state_dict_for
 from trainer.hparams import plain_hparams
 from trainer.seed import gather_rng_states
 
@@ -31,7 +32,7 @@ def build_checkpoint(trainer: Any, module: Any, weights_only: bool = False) -> d
         "epoch": trainer.loop_state.current_epoch,
         "global_step": trainer.loop_state.global_step,
         "pytorch-lightning_version": lightning_version(module),
-        "state_dict": module.state_dict(),
+        "state_dict": plain_state_dict(module.state_dict()),
         "loops": {**lightning_loops(trainer), OURS_KEY: ours},
     }
     hparams = plain_hparams(getattr(module, "hparams", None))
@@ -117,7 +118,7 @@ def check_checkpoint(checkpoint: dict[str, Any], path: str) -> None:
 
 def restore_module(module: Any, checkpoint: dict[str, Any], path: str) -> None:
     try:
-        module.load_state_dict(checkpoint["state_dict"])
+        module.load_state_dict(state_dict_for(module, checkpoint["state_dict"]))
     except RuntimeError as error:
         mismatch = describe_mismatch(module.state_dict(), checkpoint["state_dict"])
         raise CheckpointError(f"{path!r} does not fit {type(module).__name__} (a checkpoint of another model?): "

@@ -20,6 +20,7 @@ from strategies.checkpoint_io import CheckpointError
 from strategies.rank_zero import rank_zero_warn
 from trainer import checkpointing
 from trainer.callbacks.dispatch import adopt_callback, checkpoints_last
+from trainer.compiled import compiled_steps, plain_state_dict
 from trainer.data_sources import overrides
 from trainer.loops.evaluation import has_step, print_results, run_evaluation, run_predict
 from trainer.loops.fit_loop import run_fit
@@ -78,7 +79,8 @@ def run_stage(trainer: Any, stage: str, model: nn.Module, data: dict[str, Any]) 
         result.logged_metrics = dict(trainer.logged_metrics)
         result.progress_bar_metrics = dict(trainer.progress_bar_metrics)
         result.ckpt_path = trainer.ckpt_path
-        result.state_dict = {k: v.detach().cpu() for k, v in trainer.strategy.unwrap(model).state_dict().items()}
+        state = plain_state_dict(trainer.strategy.unwrap(model).state_dict())
+        result.state_dict = {k: v.detach().cpu() for k, v in state.items()}
     return result
 
 
@@ -113,22 +115,27 @@ def _run(trainer: Any, stage: str, model: nn.Module, data: dict[str, Any]) -> An
     trainer.lightning_module = module
     callbacks.lend_logging(module)
     strategy.outside_backward = lambda loss, *args, **kwargs: backward(trainer, module, loss, *args, **kwargs)
+    with compiled_steps(strategy.unwrap(module), strategy):
+        output = _run_entry(trainer, module, stage, data)
+    if trainer.datamodule is not None:  # Lightning: the DataModule first, then callbacks, then the module
+        trainer.datamodule.teardown(stage=stage)
+    callbacks.call("teardown", trainer, module, stage=stage)
+    return output
+
+
+def _run_entry(trainer: Any, module: nn.Module, stage: str, data: dict[str, Any]) -> Any:
     ckpt_path = data.get("ckpt_path")
     if stage == "fit":
-        output = _fit(trainer, module, ckpt_path)
-    elif stage == "predict":
+        return _fit(trainer, module, ckpt_path)
+    if stage == "predict":
         trainer.ckpt_path = _restore_weights(trainer, module, ckpt_path)
         _log_hyperparams(trainer, module)
         module.zero_grad()
         loaders = trainer.data.request(trainer, "predict") if trainer.limit_predict_batches != 0 else []
         output = run_predict(trainer, module, loaders)
         _finalize_loggers(trainer, "success")
-    else:
-        output = _evaluate(trainer, module, stage, ckpt_path, data.get("verbose", True))
-    if trainer.datamodule is not None:  # Lightning: the DataModule first, then callbacks, then the module
-        trainer.datamodule.teardown(stage=stage)
-    callbacks.call("teardown", trainer, module, stage=stage)
-    return output
+        return output
+    return _evaluate(trainer, module, stage, ckpt_path, data.get("verbose", True))
 
 
 def _fit(trainer: Any, module: nn.Module, ckpt_path: str | None) -> None:

@@ -22,6 +22,7 @@ from trainer.callbacks.dispatch import (CallbackList, adopt_callback, checkpoint
                                        is_early_stopping, is_model_summary, is_progress_bar)
 from trainer.checkpointing import build_checkpoint
 from trainer.combined_loader import CombinedLoader
+from trainer.compiled import state_dict_for, unwrap_compiled
 from trainer.logged_metrics import MetricStore
 from trainer.data_sources import DataSources, is_datamodule
 from trainer.lightning_views import FitLoopView, LoggerConnectorView
@@ -248,6 +249,7 @@ class Trainer:
                                                verbose=verbose))
 
     def _launch(self, stage: str, model: nn.Module | None, data: dict[str, Any]) -> Any:
+        model = unwrap_compiled(model) if model is not None else None  # Lightning's meaning: see compiled.py
         if model is None:
             model = self.lightning_module
         elif stage != "fit" and self.lightning_module is not None and model is not self.lightning_module:
@@ -283,7 +285,7 @@ class Trainer:
     def _absorb(self, result: StageResult, model: nn.Module) -> None:
         """Apply rank 0's outcome to this (launching) process."""
         if result.state_dict:
-            model.load_state_dict(result.state_dict)
+            model.load_state_dict(state_dict_for(model, result.state_dict))
         self.ckpt_path = result.ckpt_path
         self.loop_state.load_state_dict(result.loop_state)
         self.callback_list.load_state_dict(result.callback_states)
