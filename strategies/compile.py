@@ -42,7 +42,8 @@ def bucketed_context(dynamo_ctx: Any, bucket_cap_mb: float, first_bucket_cap_mb:
 def _user_backend(dynamo_ctx: Any) -> Callable[..., Any] | None:
     """The compiler the user chose (inductor with its mode and options, "aot_eager", a function),
     found under dynamo's frame-conversion wrappers, each of which keeps the one it wraps."""
-    backend, inner = None, getattr(dynamo_ctx, "callback", None)
+    backend: Any = None
+    inner: Any = getattr(dynamo_ctx, "callback", None)
     while hasattr(inner, "_torchdynamo_orig_backend"):
         backend = inner = inner._torchdynamo_orig_backend
     return backend if callable(backend) else None

@@ -95,14 +95,18 @@ class MetricStore:
         self._reduce = reduce
         self._ranks = ranks
         self._entries: dict[tuple[str, str], _Entry] = {}
-        self._step_logs: dict[str, float] = {}
-        self._eval_step_logs: dict[str, float] = {}
+        # Values stay tensors (on the device) until someone reads them: turning one into a float
+        # waits for the device, and a step that logs must not (values are read at log_every_n_steps,
+        # when the progress bar refreshes, or when a user reads the dicts).
+        self._step_logs: dict[str, torch.Tensor] = {}
+        self._eval_step_logs: dict[str, torch.Tensor] = {}
+        self._unread_bar: dict[str, torch.Tensor] = {}
         self._pending_steps: dict[str, tuple[_Entry, torch.Tensor]] = {}
         self._warned: set[tuple[str, str]] = set()
         self.current_batch_size: int | None = None
         self.dataloader_idx: int | None = None  # set by the evaluation loop when it has several loaders
         self.callback_metrics: dict[str, torch.Tensor] = {}
-        self.progress_bar_metrics: dict[str, float] = {}
+        self._progress_bar_metrics: dict[str, float] = {}
         self.logged_metrics: dict[str, torch.Tensor] = {}  # scalar tensors, as Lightning's (loggers get floats)
 
     # ------------------------------------------------------------------ logging
@@ -144,12 +148,12 @@ class MetricStore:
             self._publish_eval_step(entry, key, tensor)  # callback metrics, which hold epoch values
 
     def _publish_eval_step(self, entry: _Entry, key: str, tensor: torch.Tensor) -> None:
-        scalar = float(tensor.detach().float().cpu())
+        scalar = tensor.detach().float()
         if entry.prog_bar:
-            self.progress_bar_metrics[key] = scalar
+            self._unread_bar[key] = scalar
         if entry.logger:
             self._eval_step_logs[key] = scalar
-            self.logged_metrics[key] = torch.tensor(scalar)
+            self.logged_metrics[key] = scalar
 
     def _entry(self, fx: str, name: str, stage: str, on_step: bool, on_epoch: bool, prog_bar: bool,
                logger: bool, reduce_fx: Any, sync_dist: bool, suffix: str = "") -> _Entry:
@@ -190,14 +194,22 @@ class MetricStore:
         entry.pending_epoch = True
 
     def _publish(self, entry: _Entry, key: str, value: torch.Tensor, to_logger: bool) -> None:
-        scalar = value.detach().float().cpu()
+        scalar = value.detach().float()  # on its device, as Lightning keeps it: no wait for the device here
         self.callback_metrics[key] = scalar
         self.callback_metrics[entry.full_name] = scalar
         if entry.prog_bar:
-            self.progress_bar_metrics[key] = float(scalar)
+            self._unread_bar[key] = scalar
         if to_logger and entry.logger:
-            self._step_logs[key] = float(scalar)
+            self._step_logs[key] = scalar
             self.logged_metrics[key] = scalar  # live, as Lightning's: hooks may read it
+
+    @property
+    def progress_bar_metrics(self) -> dict[str, float]:
+        """The `prog_bar=True` values as floats; values logged since the last read are converted now."""
+        if self._unread_bar:
+            unread, self._unread_bar = self._unread_bar, {}
+            self._progress_bar_metrics.update(_floats(unread))
+        return self._progress_bar_metrics
 
     # ------------------------------------------------------------------ loop interface
     def sync_pending(self) -> None:
@@ -233,7 +245,8 @@ class MetricStore:
         """Empty the three metrics dicts and the logger queue (a new stage starts, or the sanity
         check ended: Lightning keeps nothing of it)."""
         self.callback_metrics.clear()
-        self.progress_bar_metrics.clear()
+        self._progress_bar_metrics.clear()
+        self._unread_bar.clear()
         self.logged_metrics.clear()
         self._step_logs.clear()
         self._eval_step_logs.clear()
@@ -339,16 +352,21 @@ class MetricStore:
     def pop_eval_step_metrics(self) -> dict[str, float]:
         """The evaluation step values logged during the last batch (Lightning writes them per batch)."""
         metrics, self._eval_step_logs = self._eval_step_logs, {}
-        return metrics
+        return _floats(metrics)
+
+    def drop_logger_metrics(self) -> None:
+        """Forget the step values of a step that does not log (without reading them from the device)."""
+        self._step_logs = {}
 
     def pop_logger_metrics(self) -> dict[str, float]:
         """Values due for the logger since the last call; the Trainer writes them on rank 0.
         Never a collective (rank 0 alone calls it when finalising loggers)."""
         metrics, self._step_logs = self._step_logs, {}
-        return metrics
+        return _floats(metrics)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"callback_metrics": {k: v.clone() for k, v in self.callback_metrics.items()}}
+        return {"callback_metrics": {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v
+                                     for k, v in self.callback_metrics.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.callback_metrics.update(state.get("callback_metrics", {}))
@@ -368,6 +386,20 @@ def _accumulated(entry: _Entry) -> torch.Tensor:
     if entry.total is None:  # pending_epoch is only set together with a total
         raise RuntimeError(f"metric {entry.name!r} is due for its epoch value but has none; this is a bug.")
     return entry.total
+
+
+def _floats(values: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Python floats of scalar tensors, read from their device in one copy per device."""
+    if not values:
+        return {}
+    by_device: dict[torch.device, list[str]] = {}
+    for key, value in values.items():
+        by_device.setdefault(value.device, []).append(key)
+    floats: dict[str, float] = {}
+    for keys in by_device.values():
+        host = torch.stack([values[key].reshape(()).to(torch.float32) for key in keys]).cpu().tolist()
+        floats.update(zip(keys, host))
+    return floats
 
 
 def _f64(value: Any) -> torch.Tensor:

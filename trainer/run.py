@@ -75,13 +75,17 @@ def run_stage(trainer: Any, stage: str, model: nn.Module, data: dict[str, Any]) 
     if launcher_pid != os.getpid():  # the launching process adopts rank 0's outcome
         result.loop_state = trainer.loop_state.state_dict()
         result.callback_states = trainer.callback_list.state_dict()
-        result.callback_metrics = dict(trainer.callback_metrics)
-        result.logged_metrics = dict(trainer.logged_metrics)
+        result.callback_metrics = {k: _on_cpu(v) for k, v in trainer.callback_metrics.items()}
+        result.logged_metrics = {k: _on_cpu(v) for k, v in trainer.logged_metrics.items()}
         result.progress_bar_metrics = dict(trainer.progress_bar_metrics)
         result.ckpt_path = trainer.ckpt_path
         state = plain_state_dict(trainer.strategy.unwrap(model).state_dict())
         result.state_dict = {k: v.detach().cpu() for k, v in state.items()}
     return result
+
+
+def _on_cpu(value: Any) -> Any:
+    return value.detach().cpu() if isinstance(value, torch.Tensor) else value
 
 
 def _add_module_callbacks(trainer: Any, model: nn.Module) -> None:

@@ -30,6 +30,7 @@ from trainer.loggers.base import DummyLogger, is_logger
 from trainer.optimizers import LRSchedulerConfig
 from trainer.precision import Precision, normalize_precision
 from trainer.loops.fit_loop import effective_max_epochs
+from trainer.loops.nonfinite import NonFiniteWatch
 from trainer.run import run_stage
 from trainer.state import LoopState, TrainerStatus
 from trainer.validation import apply_backend_flags, defaults_from_env, resolve_trainer_args
@@ -137,6 +138,7 @@ class Trainer:
         self.use_distributed_sampler = use_distributed_sampler
         self.reload_dataloaders_every_n_epochs = reload_dataloaders_every_n_epochs
         self.on_nonfinite = on_nonfinite
+        self.nonfinite_watch = NonFiniteWatch()  # a fresh one per fit (trainer/loops/nonfinite.py)
         apply_backend_flags(deterministic, benchmark)
 
         self.strategy = resolve_strategy(strategy, self.num_devices, self.num_nodes, sync_batchnorm=sync_batchnorm)
@@ -305,6 +307,7 @@ class Trainer:
         if storage_options is not None:
             raise TypeError("save_checkpoint(storage_options=...) is not supported: our checkpoint I/O writes local "
                             "files; pass a CheckpointIO to the strategy to write elsewhere.")
+        self.nonfinite_watch.check(self)  # never save weights a non-finite step has already spoiled
         module = self.strategy.unwrap(self.lightning_module)
         checkpoint = build_checkpoint(self, module, weights_only)
         self.strategy.save_checkpoint(checkpoint, filepath)
@@ -312,8 +315,11 @@ class Trainer:
     def write_logger_metrics(self, step: int | None = None) -> None:
         """Send what the metric store has due to every logger, on global rank 0 only, at `step`
         (default: `logger_step`)."""
+        if not (self.loggers and self.is_global_zero and not self.sanity_checking):
+            self.metric_store.drop_logger_metrics()
+            return
         metrics = self.metric_store.pop_logger_metrics()
-        if metrics and self.is_global_zero and not self.sanity_checking:
+        if metrics:
             metrics = {**metrics, "epoch": self.current_epoch}
             for logger in self.loggers:
                 logger.log_metrics(metrics=metrics, step=self.logger_step if step is None else step)

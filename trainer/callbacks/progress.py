@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -16,6 +17,9 @@ from typing_extensions import override
 
 from trainer.callbacks.base import Callback
 from trainer.loops.fit_loop import validates_in_epoch
+
+# A terminal redraws the bar's metrics at most this often: reading them waits for the device.
+_POSTFIX_INTERVAL_S = 0.1
 
 
 def _scalar(value: Any) -> Any:
@@ -37,6 +41,7 @@ class TQDMProgressBar(Callback):
         self._eval_done = 0
         self._interactive = True
         self._epoch_started = 0.0
+        self._postfix_drawn_at = float("-inf")
 
     @property
     def is_enabled(self) -> bool:
@@ -119,12 +124,18 @@ class TQDMProgressBar(Callback):
         return tqdm(desc=desc, total=_bar_total(total), leave=leave, position=position, dynamic_ncols=True,
                     file=sys.stdout, smoothing=0, disable=not self._interactive)
 
-    def _advance(self, bar: tqdm | None, done: int, postfix: dict[str, Any] | None = None) -> None:
+    def _advance(self, bar: tqdm | None, done: int, postfix: Callable[[], dict[str, Any]] | None = None) -> None:
+        """Move `bar` to `done`. The metrics are read (which waits for the device) only when they will
+        be drawn: in a terminal, at most every `_POSTFIX_INTERVAL_S` and at the bar's end."""
         if bar is None or (done % self.refresh_rate != 0 and done != bar.total):
             return
         bar.n = done
-        if postfix is not None:
-            bar.set_postfix(postfix, refresh=False)
+        if bar.disable:
+            return
+        now = time.perf_counter()
+        if postfix is not None and (done == bar.total or now - self._postfix_drawn_at >= _POSTFIX_INTERVAL_S):
+            bar.set_postfix(postfix(), refresh=False)
+            self._postfix_drawn_at = now
         bar.refresh()
 
     @override
@@ -152,7 +163,7 @@ class TQDMProgressBar(Callback):
     @override
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.train_progress_bar is not None:
-            self._advance(self.train_progress_bar, batch_idx + 1, self.get_metrics(trainer, pl_module))
+            self._advance(self.train_progress_bar, batch_idx + 1, lambda: self.get_metrics(trainer, pl_module))
 
     @override
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:

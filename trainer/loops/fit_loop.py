@@ -27,6 +27,7 @@ from trainer.loops.batches import iterate_limited, num_batches, set_sampler_epoc
 from trainer.loops.signatures import check_training_signature
 from trainer.loops.step_iterator import StepIterator, takes_dataloader_iter
 from trainer.loops.evaluation import has_step, run_evaluation, run_sanity_check
+from trainer.loops.nonfinite import NonFiniteWatch
 from trainer.loops.training_step import run_training_batch, step_schedulers
 from trainer.seed import restore_rank_rng_states
 
@@ -51,6 +52,7 @@ def run_fit(trainer: Any, module: nn.Module) -> None:
     _continue_sample_stream(trainer, train_loader)
     _advance_past_finished_epoch(trainer)
     trainer.fit_started_at = time.monotonic()
+    trainer.nonfinite_watch = NonFiniteWatch()
     if state.batch_in_epoch == 0:
         trainer.metric_store.reset_stage("train")
     callbacks.call("on_train_start", trainer, module)
@@ -59,6 +61,7 @@ def run_fit(trainer: Any, module: nn.Module) -> None:
         _run_epoch(trainer, module, train_loader)
         state.current_epoch += 1
         state.batch_in_epoch = state.samples_in_epoch = 0
+    trainer.nonfinite_watch.check(trainer)
     callbacks.call("on_train_end", trainer, module)
 
 
@@ -157,6 +160,7 @@ def _run_epoch(trainer: Any, module: nn.Module, train_loader: Any) -> None:
     if total == float("inf") and not stopped and last_idx >= 0 \
             and _should_validate(trainer, last_idx, module, epoch_ended=True):
         run_evaluation(trainer, module, trainer.data.loaders.get("validate", []), "validate")
+    trainer.nonfinite_watch.check(trainer)
     store.compute_epoch("train")
     callbacks.call_epoch_end("on_train_epoch_end", trainer, module,
                              before_monitoring=lambda: store.compute_epoch("train"))
@@ -187,9 +191,10 @@ def _log_step(trainer: Any, module: nn.Module, window_end: bool) -> None:
         return
     every = trainer.log_every_n_steps
     if every and ((trainer.loop_state.stepped_batches + 1) % every == 0 or trainer.should_stop):
+        trainer.nonfinite_watch.check(trainer)  # values are read from the device here anyway
         trainer.write_logger_metrics()
     else:
-        trainer.metric_store.pop_logger_metrics()
+        trainer.metric_store.drop_logger_metrics()
 
 
 def validates_in_epoch(trainer: Any) -> bool:

@@ -135,7 +135,7 @@ def _optimizer_step(trainer: Any, module: nn.Module, batch_idx: int, optimizer: 
         ran.append(True)
         loss = closure()
         precision.unscale(optimizer)
-        if not _gradients_usable(trainer, optimizer, closure.output):
+        if not trainer.nonfinite_watch.usable(trainer, optimizer, extract_loss(closure.output)):
             raise _SkipStep
         callbacks.call("on_before_optimizer_step", trainer, module, optimizer)
         callbacks.call_module("configure_gradient_clipping", module, optimizer,
@@ -152,29 +152,6 @@ def _optimizer_step(trainer: Any, module: nn.Module, batch_idx: int, optimizer: 
         raise RuntimeError(f"{type(module).__name__}.optimizer_step() did not run its `optimizer_closure` (which runs "
                            "training_step and backward): pass it on, `optimizer.step(closure=optimizer_closure)`.")
     trainer.loop_state.global_step += 1
-
-
-def _gradients_usable(trainer: Any, optimizer: Any, output: Any) -> bool:
-    """Non-finite gradients: raise naming the step and the ranks whose loss was non-finite, or
-    skip the step (`on_nonfinite="skip"`). Gradients are identical on every rank after the
-    reduction, so every rank takes the same branch. A GradScaler handles overflow itself."""
-    if trainer.on_nonfinite == "ignore" or trainer.precision_plugin.scaler is not None:
-        return True
-    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-    if not grads or bool(torch.isfinite(torch.nn.utils.get_total_norm(grads))):
-        return True
-    if trainer.on_nonfinite == "skip":
-        warnings.warn(f"step {trainer.global_step}: non-finite gradients, optimizer step skipped "
-                      "(on_nonfinite='skip').", stacklevel=2)
-        return False
-    loss = extract_loss(output)
-    finite = torch.tensor([1.0 if loss is None or bool(torch.isfinite(loss.detach()).all()) else 0.0])
-    flags = trainer.strategy.all_gather(finite.to(trainer.strategy.root_device)).flatten().tolist()
-    culprits = [rank for rank, flag in enumerate(flags) if flag == 0.0]
-    where = f"the loss was non-finite on rank(s) {culprits}" if culprits else "every rank's loss was finite"
-    raise FloatingPointError(f"step {trainer.global_step}, epoch {trainer.current_epoch}: gradients are NaN/inf "
-                             f"after the reduction; {where}. Lower the learning rate, clip gradients, check the "
-                             "data, or pass on_nonfinite='skip' to skip such steps.")
 
 
 def _run_manual_batch(trainer: Any, module: nn.Module, batch: Any, batch_idx: int) -> Any:
