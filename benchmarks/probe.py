@@ -30,6 +30,8 @@ def parse_args(argv: list[str] | None = None, **extra: type) -> argparse.Namespa
     parser.add_argument("--batch-size", type=int, default=None, help="per rank (default: the workload's)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--t0", type=float, default=None, help="time.time() when the harness started us")
+    parser.add_argument("--compile", default=None, help="torch.compile the model with this backend (inductor); "
+                        "its compile time lands in launch -> first step, not in the steady-state steps")
     for name, kind in extra.items():
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, default=None)
     return parser.parse_args(argv)

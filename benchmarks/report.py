@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.contenders import BASELINE, CONTENDERS
+from benchmarks.contenders import ALL_CONTENDERS, BASELINE
 from benchmarks.workloads import WORKLOADS
 
 METRICS = ("samples_per_s", "launch_to_first_step_s", "peak_rss_mib")
@@ -106,7 +106,7 @@ def summarize_sweep(sweep: dict[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------------- Markdown
 def _label(name: str) -> str:
     base, _, tag = name.partition("@")
-    label = CONTENDERS[base].label if base in CONTENDERS else base
+    label = ALL_CONTENDERS[base].label if base in ALL_CONTENDERS else base
     return f"{label} [before: --baseline-root]" if tag else label
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import report
-from benchmarks.contenders import BASELINE, CONTENDERS, Contender
+from benchmarks.contenders import ALL_CONTENDERS, BASELINE, CONTENDERS, Contender
 from benchmarks.workloads import WORKLOADS
 
 RESULTS = Path(__file__).parent / "results"
@@ -86,7 +86,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "(before/after figures), e.g. --contenders ours,ours@base")
     args = parser.parse_args(argv)
     args.workloads = _names(args.workloads, WORKLOADS, "--workloads")
-    known = {**CONTENDERS, **({f"{name}@base": c for name, c in CONTENDERS.items()} if args.baseline_root else {})}
+    known = {**ALL_CONTENDERS,
+             **({f"{name}@base": c for name, c in ALL_CONTENDERS.items()} if args.baseline_root else {})}
     args.contenders = _names(args.contenders, known, "--contenders")
     args.repeats = args.repeats or (1 if args.quick else 5)
     args.sweep = (not args.quick) if args.sweep is None else args.sweep
@@ -177,7 +178,7 @@ def interleaved(args: argparse.Namespace) -> list[dict[str, Any]]:
             warmup, steps = steps_for(workload, args)
             for name in order:
                 base, _, tag = name.partition("@")
-                run = run_contender(CONTENDERS[base], workload, warmup, steps, args.timeout, name=name,
+                run = run_contender(ALL_CONTENDERS[base], workload, warmup, steps, args.timeout, name=name,
                                     code_root=args.baseline_root if tag else None, placement=args.placement)
                 run["repeat"] = repeat
                 runs.append(run)
@@ -203,7 +204,7 @@ def launch_only(args: argparse.Namespace) -> list[dict[str, Any]]:
     for repeat in range(args.launch_repeats):
         for workload in args.workloads:
             for name in LAUNCH_PAIR if repeat % 2 == 0 else LAUNCH_PAIR[::-1]:
-                run = run_contender(CONTENDERS[name], workload, 1, 1, args.timeout, placement=args.placement)
+                run = run_contender(ALL_CONTENDERS[name], workload, 1, 1, args.timeout, placement=args.placement)
                 run["repeat"] = repeat
                 runs.append(run)
                 if "error" in run:

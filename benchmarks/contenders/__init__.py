@@ -30,5 +30,18 @@ CONTENDERS: dict[str, Contender] = {c.name: c for c in (
     Contender("ours_gloo", "our Trainer + DDPStrategy(transport=\"process_group\")", "benchmarks.contenders.ours",
               {"transport": "process_group"}),
 )}
+# torch.compile'd contenders (inductor), run when asked for (--contenders ...): compiling costs
+# minutes on a 2-core CPU, so the default run leaves them out.
+COMPILED: dict[str, Contender] = {c.name: c for c in (
+    Contender("torch_ddp_compiled", "torch DDP + torch.compile", "benchmarks.contenders.torch_ddp",
+              {"compile": "inductor"}),
+    Contender("ours_compiled", "our Trainer + DDPStrategy, torch.compile'd module", "benchmarks.contenders.ours",
+              {"compile": "inductor"}),
+    Contender("pl_ddp_compiled", "Lightning ddp, torch.compile'd module", "benchmarks.contenders.pl_ddp",
+              {"compile": "inductor"}),
+    Contender("single_compiled", "1 process, torch.compile", "benchmarks.contenders.single",
+              {"compile": "inductor"}, distributed=False),
+)}
 
 BASELINE = "torch_ddp"
+ALL_CONTENDERS: dict[str, Contender] = {**CONTENDERS, **COMPILED}

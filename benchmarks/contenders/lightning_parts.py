@@ -37,4 +37,5 @@ def fit(strategy: Any, args: Any, work: Workload, probe: Probe, loader: Any) -> 
                          callbacks=[ProbeCallback(probe)], logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                          default_root_dir=args.out)
-    trainer.fit(BenchModule(work), train_dataloaders=loader)
+    module = BenchModule(work)
+    trainer.fit(torch.compile(module, backend=args.compile) if args.compile else module, train_dataloaders=loader)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 
+import torch
+
 from benchmarks.contenders.data import loader, workload
 from benchmarks.contenders.ours_parts import BenchModule, ProbeCallback
 from benchmarks.probe import Probe, parse_args
@@ -41,7 +43,9 @@ def main(args: argparse.Namespace) -> None:
                       callbacks=[ProbeCallback(probe)], logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, default_root_dir=args.out)
     _ensure_telemetry(trainer)
-    trainer.fit(BenchModule(work), train_dataloaders=loader(work, probe.total_steps, args.devices))
+    module = BenchModule(work)
+    trainer.fit(torch.compile(module, backend=args.compile) if args.compile else module,
+                train_dataloaders=loader(work, probe.total_steps, args.devices))
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ def worker(rank: int, args: argparse.Namespace, port: int) -> None:
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.devices)
     probe, work = Probe(args), workload(args)
     model = DistributedDataParallel(work.model().to(device), device_ids=[rank] if device.type == "cuda" else None)
+    if args.compile:  # torch's recipe: compile the DDP module, whose graph dynamo splits at DDP's buckets
+        model = torch.compile(model, backend=args.compile)  # type: ignore[assignment]
     optimizer = make_optimizer(work, model)
     data = loader(work, probe.total_steps, args.devices)
     data = torch.utils.data.DataLoader(data.dataset, batch_size=work.batch_size, drop_last=True,
