@@ -50,3 +50,47 @@ def test_cli_digits_on_cuda_in_bf16_resumes_on_the_cpu(tmp_path: Path) -> None:
     (cpu_run,) = run_dirs(tmp_path / "cpu")
     resumed = scalars(cpu_run)["val_acc"]  # only the one epoch left, after the GPU run's steps: a resume
     assert len(resumed) == 1 and resumed[0][0] > metrics["val_acc"][-1][0], (resumed, metrics["val_acc"])
+
+
+@pytest.mark.parametrize("strategy", ["auto", "ddp"])
+def test_steps_that_do_not_log_never_wait_for_the_gpu(strategy: str, tmp_path: Path) -> None:
+    # torch raises on any host synchronisation while the sync debug mode is "error": it is on for
+    # every batch except those that write to the loggers (and the epoch's last, which reads on purpose).
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from trainer import LightningModule, Trainer
+    from trainer.callbacks import Callback
+
+    every, batches = 10, 40
+
+    class Logs(LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = nn.Linear(64, 1)
+
+        def training_step(self, batch: object, batch_idx: int) -> torch.Tensor:
+            x, y = batch  # type: ignore[misc]
+            loss = nn.functional.mse_loss(self.layer(x), y)
+            self.log("train_loss", loss, prog_bar=True)
+            return loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    class StrictSync(Callback):
+        def on_train_batch_start(self, trainer: object, pl_module: object, batch: object, batch_idx: int) -> None:
+            quiet = 2 <= batch_idx < batches - 1 and (batch_idx + 1) % every != 0
+            torch.cuda.set_sync_debug_mode("error" if quiet else "default")
+
+        def on_train_end(self, trainer: object, pl_module: object) -> None:
+            torch.cuda.set_sync_debug_mode("default")
+
+    data = TensorDataset(torch.randn(batches * 8, 64), torch.randn(batches * 8, 1))
+    trainer = Trainer(accelerator="cuda", devices=1, strategy=strategy, max_epochs=1, log_every_n_steps=every,
+                      precision="bf16-mixed", default_root_dir=str(tmp_path), callbacks=[StrictSync()])
+    try:
+        trainer.fit(Logs(), DataLoader(data, batch_size=8, pin_memory=True))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert trainer.global_step == batches and float(trainer.callback_metrics["train_loss"]) > 0
