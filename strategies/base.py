@@ -119,8 +119,9 @@ class Strategy(abc.ABC):
     def setup_environment(self) -> None:
         """Prepare this process: ranks, device, process group. Called once per worker."""
 
-    def setup_module(self, module: nn.Module) -> nn.Module:
-        """Move the module to this rank's device and make it ready for synchronised training."""
+    def setup_module(self, module: nn.Module, *, for_training: bool = True) -> nn.Module:
+        """Move the module to this rank's device and make it ready for synchronised training
+        (`for_training=False`, for validate/test/predict: only what evaluation needs)."""
         return module.to(self.root_device)
 
     def process_dataloader(self, dataloader: DataLoader, *, for_training: bool = True) -> DataLoader:

@@ -171,7 +171,7 @@ class DDPStrategy(Strategy):
                                      self.world_size, stall_timeout=stall_timeout, debug=debug).start()
 
     @override
-    def setup_module(self, module: nn.Module) -> nn.Module:
+    def setup_module(self, module: nn.Module, *, for_training: bool = True) -> nn.Module:
         from strategies.reducer import GradReducer
 
         self._require_process_group("setup_module")
@@ -179,6 +179,12 @@ class DDPStrategy(Strategy):
             module = nn.SyncBatchNorm.convert_sync_batchnorm(module)
         module = module.to(self.root_device)
         check_same_parameters(module, self.global_rank)
+        if not for_training and not processes_launched_externally():
+            # Evaluation in our own workers: every rank loaded the same weights from one payload, and
+            # nothing is synchronised (as Lightning, which wraps in DDP for fit only), so neither a
+            # broadcast nor a reducer is needed; for a large model the broadcast was most of test().
+            self._buffers_due = False
+            return module
         broadcast_tensors([*module.parameters(), *module.buffers()])
         if self._reducer is not None:
             self._reducer.remove()

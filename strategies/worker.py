@@ -80,6 +80,7 @@ def worker_main(spec: WorkerSpec, connection: Connection) -> None:
     try:
         while (order := _next_order(connection)) is not None:
             connection.send_bytes(_run_order(order))
+            gc.collect()  # a module and its trainer refer to each other: free this stage's copy, after answering
     except BaseException:
         # Stamp the failure with a precise time before the process exits: the peers' errors
         # that this exit causes come later, so the earliest stamp is the root cause.
@@ -106,8 +107,6 @@ def _run_order(order: Order) -> bytes:
     result = fn(*args, **kwargs)
     finish(strategy)
     answer = cloudpickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL) if strategy.global_rank == 0 else b""
-    del strategy, fn, args, kwargs, result
-    gc.collect()  # a module and its trainer refer to each other: free this stage's copy before the next arrives
     return answer
 
 

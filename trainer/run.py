@@ -79,8 +79,9 @@ def run_stage(trainer: Any, stage: str, model: nn.Module, data: dict[str, Any]) 
         result.logged_metrics = {k: _on_cpu(v) for k, v in trainer.logged_metrics.items()}
         result.progress_bar_metrics = dict(trainer.progress_bar_metrics)
         result.ckpt_path = trainer.ckpt_path
-        state = plain_state_dict(trainer.strategy.unwrap(model).state_dict())
-        result.state_dict = {k: v.detach().cpu() for k, v in state.items()}
+        if stage == "fit":  # only fit changes the weights (Lightning's spawn launcher returns them after fit only)
+            state = plain_state_dict(trainer.strategy.unwrap(model).state_dict())
+            result.state_dict = {k: v.detach().cpu() for k, v in state.items()}
     return result
 
 
@@ -115,7 +116,7 @@ def _run(trainer: Any, stage: str, model: nn.Module, data: dict[str, Any]) -> An
         trainer.datamodule.setup(stage=stage)
     callbacks.call("setup", trainer, model, stage=stage)
     callbacks.call_module("configure_model", model)
-    module = strategy.setup_module(trainer.precision_plugin.convert_module(model))
+    module = strategy.setup_module(trainer.precision_plugin.convert_module(model), for_training=stage == "fit")
     trainer.lightning_module = module
     callbacks.lend_logging(module)
     strategy.outside_backward = lambda loss, *args, **kwargs: backward(trainer, module, loss, *args, **kwargs)
