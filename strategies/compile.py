@@ -18,6 +18,8 @@ from typing import Any
 import torch
 
 _MIB = 1024 * 1024
+# What Lightning compiles of a compiled LightningModule (and so do we): its forward and its steps.
+COMPILED_METHODS = ("forward", "training_step", "validation_step", "test_step", "predict_step")
 
 
 def bucketed_context(dynamo_ctx: Any, bucket_cap_mb: float, first_bucket_cap_mb: float) -> Callable[[Any], Any]:
@@ -47,3 +49,17 @@ def _user_backend(dynamo_ctx: Any) -> Callable[..., Any] | None:
     while hasattr(inner, "_torchdynamo_orig_backend"):
         backend = inner = inner._torchdynamo_orig_backend
     return backend if callable(backend) else None
+
+
+def split_lightning_compiled(module: Any, bucket_cap_mb: float, first_bucket_cap_mb: float) -> None:
+    """A module Lightning's Trainer compiled (its `from_compiled` keeps the dynamo context and the
+    original methods in `module._compiler_ctx`): compile its forward and steps again through the
+    bucket-splitting context, so our reducer overlaps inside Lightning's Trainer too."""
+    context = getattr(module, "_compiler_ctx", None)
+    if not isinstance(context, dict) or context.get("dynamo_ctx") is None:
+        return
+    split = bucketed_context(context["dynamo_ctx"], bucket_cap_mb, first_bucket_cap_mb)
+    for name in COMPILED_METHODS:
+        original = context.get(f"original_{name}")
+        if original is not None:
+            setattr(module, name, split(original))

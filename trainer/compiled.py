@@ -21,7 +21,7 @@ from typing import Any
 
 from torch import nn
 
-COMPILED_METHODS = ("forward", "training_step", "validation_step", "test_step", "predict_step")
+from strategies.compile import COMPILED_METHODS
 _CONTEXT_ATTRIBUTE = "_ddp_trainer_dynamo_ctx"  # set on the plain module; it pickles with it
 _WRAPPER_PREFIX = "_orig_mod."
 

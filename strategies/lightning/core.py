@@ -23,7 +23,9 @@ from torch import nn
 from torch.distributed.constants import default_pg_timeout
 from typing_extensions import override
 
+from strategies.autotune import AUTO
 from strategies.comm_hooks import CommHook
+from strategies.compile import split_lightning_compiled
 from strategies.ddp import broadcast_tensors, check_same_parameters
 from strategies.reducer import GradReducer
 from strategies.reducer_options import ReducerOptions
@@ -125,6 +127,10 @@ def build_strategy_class(base: type[Any], module: str) -> type[Any]:
 
         @override
         def _setup_model(self, model: nn.Module) -> nn.Module:
+            if self.world_size > 1:  # a compiled module's graphs split at our buckets, as under torch DDP
+                cap = self.reducer_options.bucket_cap_mb
+                split_lightning_compiled(model, 25.0 if cap == AUTO else float(cap),
+                                         float(self.reducer_options.first_bucket_cap_mb))
             return ReducedModule(model, self.reducer_options, rank=self.global_rank,
                                  timeout=self._timeout or default_pg_timeout)
 

@@ -18,7 +18,8 @@ def recording_aot_eager(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> 
     log = os.environ.get(LOG_VARIABLE)
     if log:
         with Path(log).open("a") as handle:
-            handle.write(f"{os.environ.get('RANK', '0')} {len(list(gm.parameters())) + len(example_inputs)}\n")
+            rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))  # Lightning's launcher sets LOCAL_RANK
+            handle.write(f"{rank} {len(list(gm.parameters())) + len(example_inputs)}\n")
     return lookup_backend("aot_eager")(gm, example_inputs)
 
 
