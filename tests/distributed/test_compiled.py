@@ -9,6 +9,7 @@ not reorder arithmetic, so the comparisons are exact up to float summation order
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from strategies import DDPStrategy
 from tests.helpers.compile_backends import LOG_VARIABLE, graphs_compiled, recording_aot_eager
 from tests.helpers.spawn import run_on_ranks
 from trainer import LightningModule, Trainer
-from trainer.callbacks import ModelCheckpoint
+from trainer.callbacks import Callback, ModelCheckpoint
 
 TOL = 1e-6
 BATCH, SAMPLES = 8, 64  # 4 steps per rank
@@ -49,6 +50,17 @@ def _data() -> TensorDataset:
     return TensorDataset(torch.randn(SAMPLES, 32, generator=generator), torch.randn(SAMPLES, 1, generator=generator))
 
 
+class RecordLaunchOrder(Callback):
+    """Each rank writes the order its reducer launched the buckets in at the last step."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        order = trainer.strategy.summary()["reducer"]["last_launch_order"]
+        Path(self.out, f"launch-{trainer.global_rank}.json").write_text(json.dumps(order))
+
+
 def _fit_ours(compiled: bool, tmp_path: Path) -> dict[str, torch.Tensor]:
     model = Mlp()
     target = torch.compile(model, backend=recording_aot_eager) if compiled else model
@@ -56,7 +68,7 @@ def _fit_ours(compiled: bool, tmp_path: Path) -> dict[str, torch.Tensor]:
     strategy = DDPStrategy(bucket_cap_mb=0.016, first_bucket_cap_mb=0.004)
     trainer = Trainer(strategy=strategy, accelerator="cpu", devices=2, max_epochs=1, logger=False,
                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                      enable_telemetry=False, default_root_dir=str(tmp_path))
+                      enable_telemetry=False, default_root_dir=str(tmp_path), callbacks=[RecordLaunchOrder(tmp_path)])
     trainer.fit(target, DataLoader(_data(), batch_size=BATCH))
     trainer.strategy.stop_workers()
     return {key: value.clone() for key, value in model.state_dict().items()}
@@ -86,6 +98,8 @@ def test_compiled_module_trains_compiled_split_at_buckets_and_equals_torch_ddp_c
     compiled = _fit_ours(compiled=True, tmp_path=tmp_path)
     pieces = graphs_compiled(log)
     assert set(pieces) == {0, 1} and min(pieces.values()) >= 2  # compiled in each worker, in pieces
+    orders = [json.loads((tmp_path / f"launch-{rank}.json").read_text()) for rank in (0, 1)]
+    assert orders[0] == orders[1] and len(orders[0]) >= 2  # several buckets, launched in one order everywhere
     log.unlink()
     eager = _fit_ours(compiled=False, tmp_path=tmp_path)
     assert graphs_compiled(log) == {}
