@@ -14,6 +14,7 @@ a shared machine hits every contender alike; results are medians with min-max.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import report
+from benchmarks.code_roots import packages_of
 from benchmarks.contenders import ALL_CONTENDERS, BASELINE, CONTENDERS, Contender
 from benchmarks.workloads import WORKLOADS
 
@@ -136,13 +138,18 @@ def run_contender(contender: Contender, workload: str, warmup: int, steps: int, 
     """Start the contender's process tree, wait, and read back what each rank wrote."""
     options = {**contender.options, **(options or {})}
     ranks = placement.devices if contender.distributed else 1
-    with tempfile.TemporaryDirectory(prefix="bench-") as out:
+    with contextlib.ExitStack() as stack:
+        out = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-"))
+        # Another checkout's packages go first, and the process starts outside this checkout
+        # (`python -m` would put its `trainer` and `strategies` ahead of PYTHONPATH's).
+        shim = str(stack.enter_context(packages_of(Path(code_root)))) if code_root else None
+        cwd = out if code_root else Path(__file__).parents[1]
         command = [sys.executable, "-m", contender.module, "--workload", workload, "--warmup", str(warmup),
                    "--steps", str(steps), *placement.flags(ranks), "--out", out]
         command += [item for key, value in options.items() for item in (f"--{key.replace('_', '-')}", value)]
         t0 = time.time()
         done = subprocess.run([*command, "--t0", repr(t0)], capture_output=True, text=True, timeout=timeout,
-                              cwd=Path(__file__).parents[1], env=_child_env(code_root))
+                              cwd=cwd, env=_child_env(shim))
         wall = time.time() - t0
         records = [json.loads(path.read_text()) for path in sorted(Path(out).glob("rank*.json"))]
     run: dict[str, Any] = {"workload": workload, "contender": name or contender.name, "options": options,

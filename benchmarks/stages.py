@@ -40,6 +40,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+from benchmarks.code_roots import packages_of
 from benchmarks.contenders.stages_job import RESULT_PREFIX, WORKLOADS
 from benchmarks.contenders.stages_parts import CODE_NOTES_ENV, RANKS
 from benchmarks.probe import threads_per_rank
@@ -100,11 +101,8 @@ def _names(text: str, known: Any, flag: str) -> list[str]:
 # ---------------------------------------------------------------------- checkouts of other commits
 @contextmanager
 def checkout(commit: str, root: Path) -> Iterator[Path]:
-    """A directory holding only `commit`'s `trainer` and `strategies`, to go first on PYTHONPATH.
-
-    Not the checkout itself: it has a `benchmarks` package too, which would hide this one's job
-    modules from the workers (they import by the launching process's sys.path).
-    """
+    """A directory holding only `commit`'s `trainer` and `strategies`, to go first on PYTHONPATH
+    (`code_roots.packages_of`)."""
     created = not root.exists()
     if created:
         _git("worktree", "add", "--detach", str(root), commit)
@@ -112,10 +110,8 @@ def checkout(commit: str, root: Path) -> Iterator[Path]:
     if head != _git("rev-parse", commit):
         raise SystemExit(f"{root} is at {head[:12]}, not {commit}")
     try:
-        with tempfile.TemporaryDirectory(prefix="stages-before-") as shim:
-            for package in ("trainer", "strategies"):
-                (Path(shim) / package).symlink_to(root / package, target_is_directory=True)
-            yield Path(shim)
+        with packages_of(root) as shim:
+            yield shim
     finally:
         if created:
             _git("worktree", "remove", "--force", str(root))  # --force: only its __pycache__ is untracked
