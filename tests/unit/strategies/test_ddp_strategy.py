@@ -79,6 +79,24 @@ def test_resolve_strategy() -> None:
         resolve_strategy("fsdp", devices=2, num_nodes=1)
 
 
+@pytest.mark.parametrize(("name", "start_method", "find_unused"), [
+    ("ddp", "forkserver", False), ("ddp_spawn", "spawn", False), ("ddp_fork", "forkserver", False),
+    ("ddp_notebook", "forkserver", False), ("ddp_find_unused_parameters_true", "forkserver", True),
+    ("ddp_find_unused_parameters_false", "forkserver", False),
+    ("ddp_spawn_find_unused_parameters_true", "spawn", True), ("ddp_fork_find_unused_parameters_true", "forkserver", True),
+    ("ddp_notebook_find_unused_parameters_true", "forkserver", True)])
+def test_lightnings_ddp_names_have_lightnings_meaning(name: str, start_method: str, find_unused: bool) -> None:
+    # Every name Lightning 2.6 registers for DDP; the fork variants start from a forkserver, which
+    # needs no re-import of the script (a notebook's classes travel by value) and stays safe after
+    # CUDA or OpenMP ran in the launching process.
+    import pytorch_lightning as pl
+
+    assert name in pl.strategies.StrategyRegistry
+    strategy = resolve_strategy(name, devices=2, num_nodes=1)
+    assert isinstance(strategy, DDPStrategy)
+    assert (strategy.start_method, strategy.find_unused_parameters) == (start_method, find_unused)
+
+
 def test_importing_strategies_stays_cheap() -> None:
     code = ("import sys, strategies; heavy = [m for m in ('trainer', 'pytorch_lightning', 'strategies.launcher', "
             "'strategies.reducer', 'torch.distributed.elastic.agent') if m in sys.modules]; print(heavy)")
