@@ -19,32 +19,64 @@ import math
 from typing import Any
 
 from trainer.loops.batches import members
+from trainer.state import EvalCount
 
 
 def lightning_loops(trainer: Any) -> dict[str, Any]:
-    """Our position as Lightning's loop counters (only plain ints and bools)."""
+    """Our position as Lightning's loop counters (only plain ints and bools): every key Lightning's
+    Trainer writes, the fit loop's and its evaluation loops'."""
+    state = trainer.loop_state
     fit_state: dict[str, Any] = {}
     loader_states = stateful_loader_states(trainer.data.loaders.get("train") or [])
     if loader_states:
         fit_state["combined_loader"] = loader_states
     epochs, batches, batches_now = _counters(trainer)
     per_epoch = trainer.num_training_batches
+    steps = trainer.global_step
+    automatic = getattr(trainer.lightning_module, "automatic_optimization", True)
+    steps_now, zero_grads_now = _window_counts(trainer, batches_now) if automatic else (0, 0)
+    automatic_steps, manual_steps = (steps, 0) if automatic else (0, steps)
     fit_loop = {
         "state_dict": fit_state,
+        "epoch_progress": {"total": epochs, "current": dict(epochs)},  # Lightning: both count all epochs
         # without the batch now ending, as Lightning counts (it adds that one itself on resume)
-        "epoch_loop.state_dict": {"_batches_that_stepped": trainer.loop_state.stepped_batches},
+        "epoch_loop.state_dict": {"_batches_that_stepped": state.stepped_batches},
         "epoch_loop.batch_progress": {**batches,
                                       "is_last_batch": per_epoch not in (0, float("inf")) and batches_now >= per_epoch},
-        "epoch_progress": {"total": epochs, "current": dict(epochs)},  # Lightning: both count all epochs
+        "epoch_loop.scheduler_progress": _two_stage(state.scheduler_steps, state.scheduler_steps_in_epoch),
+        # Lightning keeps both optimization loops' counters; the one not in use stays at zero
+        "epoch_loop.manual_optimization.state_dict": {},
+        "epoch_loop.manual_optimization.optim_step_progress": _two_stage(manual_steps, manual_steps),
+        "epoch_loop.automatic_optimization.state_dict": {},
+        "epoch_loop.automatic_optimization.optim_progress": {"optimizer": {
+            "step": _two_stage(automatic_steps, steps_now),
+            # one zero_grad per accumulation window, at its first batch; the open window has had its own
+            "zero_grad": _three_stage(automatic_steps - steps_now + zero_grads_now, zero_grads_now)}},
+        "epoch_loop.val_loop.state_dict": {},
+        "epoch_loop.val_loop.batch_progress": _eval_progress(state.fit_validation),
     }
-    steps = trainer.global_step
-    steps_now = math.ceil(batches_now / max(1, trainer.accumulate_grad_batches))
-    if getattr(trainer.lightning_module, "automatic_optimization", True):
-        fit_loop["epoch_loop.automatic_optimization.optim_progress"] = {
-            "optimizer": {"step": _two_stage(steps, steps_now), "zero_grad": _three_stage(steps, steps_now)}}
-    else:
-        fit_loop["epoch_loop.manual_optimization.optim_step_progress"] = _two_stage(steps, steps)
-    return {"fit_loop": fit_loop}
+    loops: dict[str, Any] = {"fit_loop": fit_loop}
+    for stage, name in (("validate", "validate_loop"), ("test", "test_loop"), ("predict", "predict_loop")):
+        progress = _eval_progress(state.eval_count(stage, in_fit=False))
+        if stage == "predict":  # Lightning's prediction loop does not keep is_last_batch
+            progress.pop("is_last_batch")
+        loops[name] = {"state_dict": {}, "batch_progress": progress}
+    return loops
+
+
+def _window_counts(trainer: Any, batches_now: int) -> tuple[int, int]:
+    """(optimizer steps, zero_grads) of the current epoch after `batches_now` batches: a step ends
+    each accumulation window (the epoch's last batch ends the last one), a zero_grad opens it."""
+    every = max(1, trainer.accumulate_grad_batches)
+    closes_epoch = batches_now == trainer.num_training_batches and batches_now % every != 0
+    return batches_now // every + int(closes_epoch), math.ceil(batches_now / every)
+
+
+def _eval_progress(count: EvalCount) -> dict[str, Any]:
+    ending = int(count.ending)
+    return {"total": _four(count.total, count.total, count.total, count.total - ending),
+            "current": _four(count.current, count.current, count.current, count.current - ending),
+            "is_last_batch": count.is_last_batch}
 
 
 def _counters(trainer: Any) -> tuple[dict[str, Any], dict[str, Any], int]:
@@ -115,19 +147,43 @@ def saved_loader_states(checkpoint: dict[str, Any]) -> list[dict[str, Any]]:
     return list(fit_state.get("combined_loader", []))
 
 
-def position_from_lightning(loops: dict[str, Any], checkpoint: dict[str, Any]) -> dict[str, Any]:
+def position_from_lightning(loops: dict[str, Any], checkpoint: dict[str, Any],
+                            accumulate_grad_batches: int = 1) -> dict[str, Any]:
     """Our loop position from a checkpoint Lightning wrote (its counters, its `global_step`)."""
     fit_loop = loops.get("fit_loop", {})
     epochs = fit_loop.get("epoch_progress", {}).get("current", {})
-    batches = fit_loop.get("epoch_loop.batch_progress", {}).get("current", {})
+    batch_progress = fit_loop.get("epoch_loop.batch_progress", {})
+    batches = batch_progress.get("current", {})
     started, completed = epochs.get("started", 0), epochs.get("completed", 0)
     in_epoch = started > completed  # written inside an epoch: resume at its next batch
+    schedulers = fit_loop.get("epoch_loop.scheduler_progress", {})
+    validation = fit_loop.get("epoch_loop.val_loop.batch_progress", {})
+    batch_total = batch_progress.get("total", {})
     return {
         "current_epoch": started - 1 if in_epoch else completed,
         "global_step": checkpoint.get("global_step", 0),
         "batch_in_epoch": batches.get("processed", 0) if in_epoch else 0,
-        # Lightning counts a stepped batch after its end hooks, and adds it on resume when the
-        # checkpoint was written inside an epoch
+        "in_batch_end": in_epoch and batch_total.get("completed", 0) == batch_total.get("processed", 0) - 1,
         "stepped_batches": fit_loop.get("epoch_loop.state_dict", {}).get(
-            "_batches_that_stepped", checkpoint.get("global_step", 0)) + int(in_epoch),
+            "_batches_that_stepped", checkpoint.get("global_step", 0)) + int(
+            _stepped_unfinished_batch(epochs, batch_progress, accumulate_grad_batches)),
+        "scheduler_steps": schedulers.get("total", {}).get("completed", 0),
+        "scheduler_steps_in_epoch": schedulers.get("current", {}).get("completed", 0),
+        "fit_validation": {"total": validation.get("total", {}).get("completed", 0),
+                           "current": validation.get("current", {}).get("completed", 0),
+                           "is_last_batch": bool(validation.get("is_last_batch", False))},
     }
+
+
+def _stepped_unfinished_batch(epochs: dict[str, int], batch_progress: dict[str, Any],
+                              accumulate_grad_batches: int) -> bool:
+    """Lightning counts a stepped batch once the batch's end hooks and validation are over, so a
+    checkpoint written before that (in `on_train_batch_end`, or in the validation that follows)
+    lacks it, and Lightning adds it on resume; not so for one written once the epoch's batches
+    were all done (`on_train_epoch_end`, fit end) or after a batch that only accumulated."""
+    processed = epochs.get("processed", 0)
+    if epochs.get("ready", 0) == processed and epochs.get("started", 0) == processed:
+        return False
+    ready = batch_progress.get("current", {}).get("ready", 0)
+    window_ends = ready % max(1, accumulate_grad_batches) == 0
+    return ready > 0 and (window_ends or bool(batch_progress.get("is_last_batch", False)))

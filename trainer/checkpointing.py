@@ -28,6 +28,7 @@ def build_checkpoint(trainer: Any, module: Any, weights_only: bool = False) -> d
     entries) passes it by. Its RNG states are stored as float64 tensors (exact: every value is
     below 2**53), so tools that compare two checkpoints' loops numerically can."""
     ours = {**trainer.loop_state.state_dict(), "format": FORMAT, "format_version": FORMAT_VERSION}
+    ours.pop("stage_counts")  # validate/test/predict counts belong to this Trainer, not to the fit resumed
     checkpoint: dict[str, Any] = {
         "epoch": trainer.loop_state.current_epoch,
         "global_step": trainer.loop_state.global_step,
@@ -97,13 +98,15 @@ def _rng_as(dtype: torch.dtype, states: Any) -> Any:
     return {key: value.to(dtype) if isinstance(value, torch.Tensor) else value for key, value in states.items()}
 
 
-def _loop_position(checkpoint: dict[str, Any]) -> dict[str, Any]:
+def _loop_position(checkpoint: dict[str, Any], accumulate_grad_batches: int) -> dict[str, Any]:
     """Our loop position; from Lightning's loop counters when Lightning wrote the checkpoint."""
     ours = _ours(checkpoint)
     if ours:
         return ours
     loops = checkpoint.get("loops", {})
-    return position_from_lightning(loops, checkpoint) if isinstance(loops, dict) and "fit_loop" in loops else {}
+    if not isinstance(loops, dict) or "fit_loop" not in loops:
+        return {}
+    return position_from_lightning(loops, checkpoint, accumulate_grad_batches)
 
 
 def check_checkpoint(checkpoint: dict[str, Any], path: str) -> None:
@@ -164,7 +167,7 @@ def restore_training_state(trainer: Any, module: Any, checkpoint: dict[str, Any]
         config.scheduler.load_state_dict(state)
     trainer.precision_plugin.load_state_dict(checkpoint.get(_PRECISION_KEY, checkpoint.get("precision", {})))
     trainer.metric_store.load_state_dict(_saved(checkpoint, "metrics", {}))
-    trainer.loop_state.load_state_dict(_loop_position(checkpoint))
+    trainer.loop_state.load_state_dict(_loop_position(checkpoint, trainer.accumulate_grad_batches))
     _check_not_past_max_epochs(trainer, path)
     trainer.loop_state.loader_states_to_restore = saved_loader_states(checkpoint)
     datamodule = trainer.datamodule

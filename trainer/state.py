@@ -7,6 +7,30 @@ from typing import Any
 
 
 @dataclass
+class EvalCount:
+    """Batches an evaluation loop has run, as Lightning's loop counters keep them: `total` over
+    several runs, `current` in the latest one, whether its last batch came, and `ending` while a
+    batch's end hooks run (a checkpoint written there holds that batch as not yet completed)."""
+
+    total: int = 0
+    current: int = 0
+    is_last_batch: bool = False
+    ending: bool = False
+
+    def start_run(self) -> None:
+        self.current, self.is_last_batch = 0, False
+
+    def batch_done(self, is_last_batch: bool) -> None:
+        """A batch's step ran; its end hooks are next (call `end_hooks_done` after them)."""
+        self.total += 1
+        self.current += 1
+        self.is_last_batch, self.ending = is_last_batch, True
+
+    def end_hooks_done(self) -> None:
+        self.ending = False
+
+
+@dataclass
 class LoopState:
     """Where the fit loop is. `batch_in_epoch` is the index of the next training batch to
     run in `current_epoch`, so a mid-epoch checkpoint resumes at the right batch."""
@@ -36,25 +60,46 @@ class LoopState:
     # The batch now ending stepped the optimizer but is counted in `stepped_batches` only after its
     # end hooks and validation; a checkpoint written there counts it (the resume starts after it).
     step_in_flight: bool = False
-    in_batch_end: bool = False  # on_train_batch_end is running (checkpoints written there count the batch unfinished)
+    # on_train_batch_end is running: checkpoints written there count the batch unfinished (and record
+    # it: a resume from there counts that batch's skipped validation, see fit_loop._count_skipped_validation)
+    in_batch_end: bool = False
+    resumed_in_batch_end: bool = False  # the checkpoint resumed from was written there (never saved as such)
     train_loader_epoch: int = 0  # the epoch the training loader was last requested in (never saved)
     validated_in_fit: bool = False  # a validation (not the sanity check) ran in this fit (never saved)
+    # Learning-rate scheduler steps taken by the loop, in the whole fit and in the current epoch
+    # (counted until the next epoch starts, so an epoch-end checkpoint holds that epoch's).
+    scheduler_steps: int = 0
+    scheduler_steps_in_epoch: int = 0
+    # Batches of the validation runs inside fit (total: this training epoch's; current: the latest run's).
+    fit_validation: EvalCount = field(default_factory=EvalCount)
+    # Batches of validate()/test()/predict() on this Trainer (total: every call; current: the latest).
+    # Not saved in checkpoints: a fit resumed from one starts them afresh, as Lightning does.
+    stage_counts: dict[str, EvalCount] = field(default_factory=dict)
+
+    def eval_count(self, stage: str, in_fit: bool) -> EvalCount:
+        """The batch counter of an evaluation loop: validation inside fit, or a validate/test/predict call."""
+        return self.fit_validation if in_fit else self.stage_counts.setdefault(stage, EvalCount())
 
     def state_dict(self) -> dict[str, Any]:
         transient = ("stage", "should_stop", "rng_to_restore", "loader_states_to_restore", "resume_sample_offset",
                      "is_last_batch", "train_loader_epoch", "validated_in_fit", "step_in_flight",
-                     "in_batch_end")
+                     "resumed_in_batch_end")
         state = {k: v for k, v in asdict(self).items() if k not in transient}
         state["stepped_batches"] += int(self.step_in_flight)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key in ("current_epoch", "global_step", "batch_in_epoch", "epoch_finished", "samples_in_epoch",
-                    "world_size", "stepped_batches"):
+                    "world_size", "stepped_batches", "scheduler_steps", "scheduler_steps_in_epoch"):
             if key in state:
                 setattr(self, key, state[key])
         if "stepped_batches" not in state:  # a checkpoint from before the counter: one step per stepped batch
             self.stepped_batches = self.global_step
+        self.resumed_in_batch_end = bool(state.get("in_batch_end", False))
+        if "fit_validation" in state:
+            self.fit_validation = EvalCount(**state["fit_validation"])
+        for stage, count in state.get("stage_counts", {}).items():
+            self.stage_counts[stage] = EvalCount(**count)
 
 
 class _Name(str):

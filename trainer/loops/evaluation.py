@@ -36,6 +36,7 @@ from trainer.loops.step_iterator import StepIterator, takes_dataloader_iter
 from trainer.loops.training_step import takes_batch_idx
 from trainer.module_adapter import set_current_hook
 from trainer.seed import rng_states, restore_rng_states
+from trainer.state import EvalCount
 
 # stage -> (hook prefix, step method)
 _STAGES = {"validate": ("validation", "validation_step"), "test": ("test", "test_step"),
@@ -64,6 +65,7 @@ def run_sanity_check(trainer: Any, module: nn.Module) -> None:
     if any(limits):
         run_evaluation(trainer, module, loaders, "validate", limits=limits)
     callbacks.call_callbacks("on_sanity_check_end", trainer, module)
+    trainer.loop_state.fit_validation = EvalCount()  # Lightning counts no sanity batches
     store.clear_views()
     trainer.data.seen_batches.clear()  # the logger's evaluation steps count from the first real validation
     trainer.state.stage = None
@@ -107,10 +109,13 @@ def _evaluate_loaders(trainer: Any, module: nn.Module, loaders: list[Any], stage
     # Lightning: with several dataloaders, a dataloader's epoch values are published once it is done,
     # except in the sanity check, which never shows them (not even in on_validation_epoch_end)
     sanity, several = previous_stage == "sanity_check", len(loaders) > 1
+    count = EvalCount() if sanity else trainer.loop_state.eval_count(stage, in_fit=trainer.state.fn == "fit")
+    count.start_run()
     run = _run_fetching_steps if takes_dataloader_iter(getattr(module, step_name)) else _run_batches
     run(trainer, module, loaders, stage, counts,
         lambda output, loader_idx: _write_step_metrics(trainer, stage, loader_idx),
-        loader_done=None if sanity or not several else lambda loader_idx: store.compute_epoch(stage, loader_idx))
+        loader_done=None if sanity or not several else lambda loader_idx: store.compute_epoch(stage, loader_idx),
+        count=count)
     store.dataloader_idx = None
     store.compute_epoch(stage, with_loaders=not sanity)
     callbacks.call(f"on_{prefix}_epoch_end", trainer, module)
@@ -125,10 +130,10 @@ def _evaluate_loaders(trainer: Any, module: nn.Module, loaders: list[Any], stage
 
 
 def _run_batches(trainer: Any, module: nn.Module, loaders: list[Any], stage: str, counts: list[int],
-                 after_step: Any, loader_done: Any = None) -> None:
+                 after_step: Any, loader_done: Any = None, *, count: EvalCount) -> None:
     """Each loader in turn, each batch: its batch hooks around the step (`dataloader_idx` passed
     when there are several loaders); `after_step(output, dataloader_idx)`, and
-    `loader_done(dataloader_idx)` once a loader's batches are over."""
+    `loader_done(dataloader_idx)` once a loader's batches are over. `count` counts the batches."""
     prefix, step_name = _STAGES[stage]
     callbacks, store = trainer.callback_list, trainer.metric_store
     for loader_idx, (loader, limit) in enumerate(zip(loaders, counts)):
@@ -137,10 +142,13 @@ def _run_batches(trainer: Any, module: nn.Module, loaders: list[Any], stage: str
         for batch_idx, batch in iterate_limited(trainer, loader, stage, dataloader_idx=loader_idx, limit=limit):
             callbacks.call(f"on_{prefix}_batch_start", trainer, module, batch, batch_idx, *extra)
             output = _step(trainer, module, step_name, batch, batch_idx, extra)
+            count.batch_done(loader_idx == len(loaders) - 1 and batch_idx + 1 == limit)
             callbacks.call(f"on_{prefix}_batch_end", trainer, module, output, batch, batch_idx, *extra)
+            count.end_hooks_done()
             after_step(output, loader_idx)
         if loader_done is not None:
             loader_done(loader_idx)
+    count.is_last_batch = True  # also after a loader without a length
 
 
 def _write_step_metrics(trainer: Any, stage: str, loader_idx: int) -> None:
@@ -151,12 +159,12 @@ def _write_step_metrics(trainer: Any, stage: str, loader_idx: int) -> None:
 
 
 def _run_fetching_steps(trainer: Any, module: nn.Module, loaders: list[Any], stage: str, counts: list[int],
-                        after_step: Any, loader_done: Any = None) -> None:
+                        after_step: Any, loader_done: Any = None, *, count: EvalCount) -> None:
     """A step that reads its own batches (`validation_step(self, dataloader_iter)`): all loaders
     through one StepIterator, the step run while batches remain, the batch hooks given the batch
     fetched last (see trainer/loops/step_iterator.py). `after_step(output, dataloader_idx)`;
     `loader_done(dataloader_idx)` when the batch fetched last comes from the next loader, and at
-    the end."""
+    the end. `count` counts the steps."""
     prefix, step_name = _STAGES[stage]
     callbacks, store = trainer.callback_list, trainer.metric_store
     several = len(loaders) > 1
@@ -175,9 +183,12 @@ def _run_fetching_steps(trainer: Any, module: nn.Module, loaders: list[Any], sta
         store.dataloader_idx = steps.upcoming_dataloader_idx() if several else None
         output = _step(trainer, module, step_name, steps, batch_idx, ())
         batch, batch_idx, loader_idx = steps.last
+        count.batch_done(False)  # whether it was the last shows once the loop peeks (not before the hooks)
         callbacks.call(f"on_{prefix}_batch_end", trainer, module, output, batch, batch_idx,
                        *((loader_idx,) if several else ()))
+        count.end_hooks_done()
         after_step(output, loader_idx)
+    count.is_last_batch = True
     if loader_done is not None:
         loader_done(previous_loader)
 
@@ -203,8 +214,11 @@ def _predict_loaders(trainer: Any, module: nn.Module, loaders: list[Any]) -> Any
     callbacks.call("on_predict_epoch_start", trainer, module)
     results: list[list[Any]] = [[] for _ in loaders]
     counts = [num_batches(trainer, loader, "predict") for loader in loaders]
+    count = trainer.loop_state.eval_count("predict", in_fit=False)
+    count.start_run()
     run = _run_fetching_steps if takes_dataloader_iter(module.predict_step) else _run_batches
-    run(trainer, module, loaders, "predict", counts, lambda output, loader_idx: results[loader_idx].append(output))
+    run(trainer, module, loaders, "predict", counts, lambda output, loader_idx: results[loader_idx].append(output),
+        count=count)
     trainer.metric_store.dataloader_idx = None
     callbacks.call("on_predict_epoch_end", trainer, module)
     callbacks.call("on_predict_end", trainer, module)

@@ -51,6 +51,7 @@ def run_fit(trainer: Any, module: nn.Module) -> None:
     _check_val_interval(trainer)
     _continue_sample_stream(trainer, train_loader)
     _advance_past_finished_epoch(trainer)
+    _count_skipped_validation(trainer, module)
     trainer.fit_started_at = time.monotonic()
     trainer.nonfinite_watch = NonFiniteWatch()
     if state.batch_in_epoch == 0:
@@ -114,6 +115,7 @@ def _run_epoch(trainer: Any, module: nn.Module, train_loader: Any) -> None:
     if restore_loader_states([train_loader], saved_positions):  # they resume by themselves
         skip, start_at = 0, state.batch_in_epoch
     if state.batch_in_epoch == 0:  # a run resumed mid-epoch continues the epoch: no new epoch starts
+        state.scheduler_steps_in_epoch = state.fit_validation.total = 0  # Lightning's per-epoch counters
         callbacks.call("on_train_epoch_start", trainer, module)
     total = trainer.num_training_batches
     last_idx, stopped = -1, False
@@ -279,6 +281,21 @@ def _advance_past_finished_epoch(trainer: Any) -> None:
     if trainer.num_training_batches != float("inf") and 0 <= trainer.num_training_batches <= state.batch_in_epoch:
         state.current_epoch += 1
         state.batch_in_epoch = state.samples_in_epoch = state.resume_sample_offset = 0
+
+
+def _count_skipped_validation(trainer: Any, module: nn.Module) -> None:
+    """A checkpoint written in `on_train_batch_end`, before that batch's validation, resumes at the
+    next batch without running it; Lightning counts that validation's batches as run all the same."""
+    state = trainer.loop_state
+    resumed_in_batch_end, state.resumed_in_batch_end = state.resumed_in_batch_end, False
+    if not resumed_in_batch_end or state.batch_in_epoch == 0 \
+            or not _should_validate(trainer, state.batch_in_epoch - 1, module):
+        return
+    batches = max(trainer.num_val_batches, default=0)
+    if batches != float("inf"):
+        state.fit_validation.total += int(batches)
+        state.fit_validation.current += int(batches)
+        state.fit_validation.is_last_batch = True
 
 
 def _continue_sample_stream(trainer: Any, train_loader: Any) -> None:

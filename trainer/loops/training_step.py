@@ -195,6 +195,8 @@ def step_schedulers(trainer: Any, module: nn.Module, interval: str, batch_idx: i
                               "False: its step is skipped.", RuntimeWarning, stacklevel=2)
                 continue
         trainer.callback_list.call_module("lr_scheduler_step", module, config.scheduler, metric)
+        trainer.loop_state.scheduler_steps += 1
+        trainer.loop_state.scheduler_steps_in_epoch += 1
 
 
 def extract_loss(output: Any) -> torch.Tensor | None:
