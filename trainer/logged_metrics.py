@@ -228,15 +228,16 @@ class MetricStore:
             self._publish(entry, key, value / ranks if entry.reduce_fx == "mean" else value, to_logger=True)
 
     def reset_stage(self, stage: str) -> None:
-        """Forget epoch accumulators of `stage` (called at the start of its epoch)."""
+        """Forget epoch accumulators of `stage` (called at the start of its epoch). The torchmetrics
+        objects it logged are not reset here: `reset_metric_objects` did that once, when the stage's
+        epoch ended."""
         for key in [k for k in self._entries if k[0] == stage]:
-            entry = self._entries.pop(key)
-            if entry.metric is not None and hasattr(entry.metric, "reset"):
-                entry.metric.reset()
+            del self._entries[key]
 
     def reset_metric_objects(self, stage: str) -> None:
-        """Reset the torchmetrics objects `stage` logged, once its epoch-end hooks have run: a hook
-        such as `on_validation_epoch_end` may still call `metric.compute()` (Lightning's order)."""
+        """Reset the torchmetrics objects `stage` logged, once per epoch, where Lightning resets them:
+        after the training epoch's end hooks, after an evaluation's `on_*_end` hooks (so those hooks
+        may still call `metric.compute()`)."""
         for (entry_stage, _), entry in self._entries.items():
             if entry_stage == stage and entry.metric is not None and hasattr(entry.metric, "reset"):
                 entry.metric.reset()

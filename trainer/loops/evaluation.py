@@ -121,9 +121,9 @@ def _evaluate_loaders(trainer: Any, module: nn.Module, loaders: list[Any], stage
     callbacks.call(f"on_{prefix}_epoch_end", trainer, module)
     store.compute_epoch(stage, with_loaders=not sanity)
     results = [store.stage_results(stage, idx if len(loaders) > 1 else None) for idx in range(len(loaders))]
-    store.reset_metric_objects(stage)
     trainer.write_logger_metrics()
     callbacks.call(f"on_{prefix}_end", trainer, module)
+    store.reset_metric_objects(stage)
     _restore_train_mode(callbacks, module, prefix, modes)
     trainer.state.stage = previous_stage
     return results
