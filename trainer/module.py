@@ -9,9 +9,10 @@ module-level so the same code serves an unchanged `pytorch_lightning.LightningMo
 from __future__ import annotations
 
 import inspect
+import sys
 import warnings
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -290,6 +291,11 @@ def log(module: nn.Module, name: str, value: Any, **kwargs: Any) -> None:
                            "decides how to log it; log from a step or a hook.")
     if _is_metric(value) and kwargs.get("metric_attribute") is None:
         _check_metric_attribute(module, name, value)
+    if kwargs.get("logger") and trainer.logger is None:  # asked for explicitly (the default is None)
+        rank_zero_warn(f"self.log({name!r}, ..., logger=True): this Trainer has no logger, so the value reaches "
+                       "only the callback and progress-bar metrics; pass Trainer(logger=...) to record it.")
+    if kwargs.get("logger", True) is None:  # Lightning's default: the logger gets it
+        kwargs["logger"] = True
     trainer.metric_store.log(fx, name, value, **{k: v for k, v in kwargs.items()
                                                  if k not in ("enable_graph", "sync_dist_group",
                                                               "metric_attribute", "rank_zero_only")})
@@ -312,8 +318,19 @@ def _check_metric_attribute(module: nn.Module, name: str, metric: Any) -> None:
 
 
 def log_dict(module: nn.Module, dictionary: Mapping[str, Any], **kwargs: Any) -> None:
-    for name, value in dictionary.items():
+    for name, value in _loggable_items(dictionary):
         log(module, name, value, **kwargs)
+
+
+def _loggable_items(dictionary: Mapping[str, Any]) -> Iterable[tuple[str, Any]]:
+    """A dict's items; a torchmetrics MetricCollection's metrics under their prefixed names, and,
+    when it has compute groups, sharing their group's state by reference (copying it into every
+    member on each call is what compute groups avoid), as Lightning takes them."""
+    torchmetrics = sys.modules.get("torchmetrics")  # a MetricCollection means torchmetrics is imported
+    if torchmetrics is not None and isinstance(dictionary, torchmetrics.MetricCollection):
+        shares_state = bool(getattr(dictionary, "_enable_compute_groups", False))
+        return dictionary.items(keep_base=False, copy_state=not shares_state)
+    return dictionary.items()
 
 
 def optimizers(module: nn.Module, use_pl_optimizer: bool = True) -> Any:
