@@ -125,12 +125,18 @@ def _run_epoch(trainer: Any, module: nn.Module, train_loader: Any) -> None:
         last_idx = batch_idx
         state.is_last_batch = batch_idx + 1 == total
         hook_batch = batch.last[0] if isinstance(batch, StepIterator) else batch
-        if callbacks.call("on_train_batch_start", trainer, module, hook_batch, batch_idx) == -1:
+        window_end = (batch_idx + 1) % trainer.accumulate_grad_batches == 0 or batch_idx + 1 == total
+        if batch is None:  # Lightning: no batch-start hook and no step; the batch's end hooks get outputs=None
+            rank_zero_warn("train_dataloader yielded None as a batch: it is skipped (no on_train_batch_start, no "
+                           "training_step; on_train_batch_end gets outputs=None). Fine if the data skips it on "
+                           "purpose; otherwise check the dataset or its collate_fn.")
+            output = None
+        elif callbacks.call("on_train_batch_start", trainer, module, hook_batch, batch_idx) == -1:
             step_schedulers(trainer, module, "epoch", plateau=False)  # Lightning: the epoch ends here
             last_idx, stopped = (total - 1 if total != float("inf") else batch_idx), True
             break  # Lightning: returning -1 ends the epoch early (counted as its last batch)
-        window_end = (batch_idx + 1) % trainer.accumulate_grad_batches == 0 or batch_idx + 1 == total
-        output = run_training_batch(trainer, module, batch, batch_idx, window_end)
+        else:
+            output = run_training_batch(trainer, module, batch, batch_idx, window_end)
         if isinstance(batch, StepIterator):  # the step fetched its own batches: follow where it got to
             hook_batch, batch_idx, _ = batch.last
             last_idx, state.is_last_batch = batch_idx, not batch.has_more()

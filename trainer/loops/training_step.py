@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from strategies.rank_zero import rank_zero_warn
 from trainer.module_adapter import automatic_optimization, set_current_hook
 
 
@@ -67,6 +68,9 @@ class _Closure:
         if loss is None and trainer.world_size > 1:
             raise RuntimeError("training_step returned None under DDP: every rank must take part in every "
                                "gradient reduction. Return a loss on every rank (e.g. loss * 0 to skip a batch).")
+        if loss is None:  # Lightning warns too (automatic optimization only)
+            rank_zero_warn("`training_step` returned `None`, so this batch is skipped: no backward pass and no "
+                           "optimizer update from it. Return the loss to train on it; skipping on purpose is fine.")
         if loss is not None:
             loss = loss / trainer.accumulate_grad_batches
             self.loss = loss.detach().clone()
@@ -79,8 +83,8 @@ class _Closure:
         return self.loss
 
     def outputs(self) -> Any:
-        if self.loss is None:
-            return None if self.output is None else {}
+        if self.loss is None:  # Lightning hands on_train_batch_end an empty dict for a step without a loss
+            return {}
         extra = {k: v for k, v in self.output.items() if k != "loss"} if isinstance(self.output, Mapping) else {}
         return {"loss": self.loss, **extra}
 
