@@ -90,9 +90,10 @@ class TensorBoardLogger(FileLogger):
 
     @override
     @rank_zero_only
-    def log_hyperparams(self, params: Any, metrics: Any = None) -> None:
+    def log_hyperparams(self, params: Any, metrics: Any = None, step: int | None = None) -> None:
         """Write hparams.yaml (nested, like Lightning) and TensorBoard's hparams summary (flat);
-        `hp_metric` starts at -1 unless `default_hp_metric=False`."""
+        `hp_metric` starts at -1 unless `default_hp_metric=False`. The metrics are logged at `step`,
+        None unless given (as Lightning's logger does; TensorBoard files it under step 0)."""
         params = plain_params(params) or {}
         self.hparams.update(params)
         save_hparams_yaml(os.path.join(self.log_dir, self.NAME_HPARAMS_FILE), self.hparams)
@@ -103,10 +104,10 @@ class TensorBoardLogger(FileLogger):
         if metrics:
             from torch.utils.tensorboard.summary import hparams
 
-            self.log_metrics(metrics, 0)
+            self.log_metrics(metrics, step)
             writer = self.experiment.file_writer
             for summary in hparams(flatten_params(params), {k: scalar(v) for k, v in metrics.items()}):
-                writer.add_summary(summary)
+                writer.add_summary(summary, step)
 
     @rank_zero_only
     def log_graph(self, model: Any, input_array: Any = None) -> None:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pickle
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -104,3 +105,48 @@ def test_log_graph_uses_the_example_input(tmp_path: Path) -> None:
     logger.log_graph(model)
     logger.finalize("success")
     assert any(Path(logger.log_dir).glob("events.*"))
+
+
+def test_hp_metric_is_logged_at_lightnings_step(tmp_path: Path) -> None:
+    """Lightning's TensorBoardLogger logs the default hp_metric with step=None (TensorBoard files
+    it under 0), in a fit as when called directly; ours hands log_metrics the same calls."""
+    pl = pytest.importorskip("lightning.pytorch")
+    from lightning.pytorch.demos.boring_classes import BoringModel
+    from lightning.pytorch.loggers import TensorBoardLogger as LightningTensorBoardLogger
+
+    from trainer import Trainer
+
+    def recording(base: type) -> type:
+        class Recording(base):  # type: ignore[misc, valid-type]
+            def log_metrics(self, metrics: dict, step: int | None = None) -> None:
+                self.calls.append((sorted(metrics), step))
+                super().log_metrics(metrics, step)
+
+        return Recording
+
+    class WithHparams(BoringModel):
+        def __init__(self, lr: float = 0.1) -> None:
+            super().__init__()
+            self.save_hyperparameters()
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            output = super().training_step(batch, batch_idx)
+            self.log("train_loss", output["loss"])
+            return output
+
+    calls = {}
+    for name, logger_class, trainer_class in (("lightning", LightningTensorBoardLogger, pl.Trainer),
+                                              ("ours", TensorBoardLogger, Trainer)):
+        logger = recording(logger_class)(tmp_path / name)
+        logger.calls = []
+        logger.log_hyperparams({"lr": 0.1})
+        logger.log_hyperparams({"lr": 0.1}, metrics={"hp_metric": 0.5}, step=3)
+        fit_logger = recording(logger_class)(tmp_path / name, name="fit")
+        fit_logger.calls = []
+        trainer_class(default_root_dir=tmp_path / name, max_epochs=1, limit_train_batches=2, limit_val_batches=0,
+                      logger=fit_logger, enable_progress_bar=False, enable_model_summary=False,
+                      enable_checkpointing=False, log_every_n_steps=1).fit(WithHparams())
+        calls[name] = (logger.calls, fit_logger.calls)
+    assert calls["ours"] == calls["lightning"]
+    assert calls["ours"][0] == [(["hp_metric"], None), (["hp_metric"], 3)]
+    assert calls["ours"][1][:2] == [(["hp_metric"], None), (["epoch", "train_loss"], 0)]
