@@ -14,7 +14,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler
 
 from strategies.sampler import rebuild_dataloader
 from strategies.rank_zero import rank_zero_warn
@@ -167,10 +167,18 @@ def _each_dataloader(loader: Any, change: Callable[[DataLoader], Any]) -> Any:
 
 
 def _without_shuffle(loader: Any, stage: str) -> Any:
-    """`overfit_batches` trains on the same first batches every epoch: turn shuffling off."""
-    if isinstance(loader, DataLoader) and type(loader) is DataLoader and isinstance(loader.sampler, RandomSampler) \
-            and type(loader.batch_sampler).__name__ == "BatchSampler":
-        rank_zero_warn(f"overfit_batches: the {HOOKS[stage]} shuffles; using it in order so every epoch sees the "
-                       "same batches.")
+    """`overfit_batches` trains on the same first batches every epoch: a loader whose sampler is not
+    a SequentialSampler may reorder them (Lightning's rule: any other sampler counts as shuffling),
+    so it is rebuilt to read in order, with a warning; one that cannot be rebuilt is warned about."""
+    if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset) \
+            or isinstance(loader.sampler, SequentialSampler):
+        return loader
+    sampler = type(loader.sampler).__name__
+    if type(loader) is DataLoader and type(loader.batch_sampler) is BatchSampler:
+        rank_zero_warn(f"overfit_batches: the {HOOKS[stage]} draws its samples with {sampler}, which may reorder "
+                       "them; it reads them in order instead, so every epoch sees the same batches.")
         return rebuild_dataloader(loader, SequentialSampler(loader.dataset))  # type: ignore[arg-type]
+    rank_zero_warn(f"overfit_batches: the {HOOKS[stage]} draws its samples with {sampler}, which may reorder them, "
+                   f"and a {type(loader).__name__} with a {type(loader.batch_sampler).__name__} cannot be rebuilt to "
+                   "read in order: epochs may see different batches. Pass a loader with shuffle=False.")
     return loader

@@ -35,6 +35,7 @@ from trainer.seed import restore_rank_rng_states
 def run_fit(trainer: Any, module: nn.Module) -> None:
     state, callbacks = trainer.loop_state, trainer.callback_list
     state.validated_in_fit = False
+    _settle_max_epochs(trainer)
     check_training_signature(module)
     if _should_sanity_check(trainer, module):
         run_sanity_check(trainer, module)
@@ -56,6 +57,7 @@ def run_fit(trainer: Any, module: nn.Module) -> None:
     trainer.nonfinite_watch = NonFiniteWatch()
     if state.batch_in_epoch == 0:
         trainer.metric_store.reset_stage("train")
+    _warn_about_eval_mode(module)
     callbacks.call("on_train_start", trainer, module)
     while not _fit_done(trainer):
         train_loader = _maybe_reload(trainer, module, train_loader)
@@ -114,6 +116,12 @@ def _run_epoch(trainer: Any, module: nn.Module, train_loader: Any) -> None:
     saved_positions, state.loader_states_to_restore = state.loader_states_to_restore, []
     if restore_loader_states([train_loader], saved_positions):  # they resume by themselves
         skip, start_at = 0, state.batch_in_epoch
+    if skip:
+        rank_zero_warn(f"Resuming inside epoch {state.current_epoch}: the training dataloader cannot restore its "
+                       f"position (it has no state_dict/load_state_dict), so its first {skip} batch(es) are drawn "
+                       "again and discarded. That reproduces the interrupted run only if it yields the same batches "
+                       "in the same order (a seeded sampler does; a stream may not). Resume from an end-of-epoch "
+                       "checkpoint, or give the dataloader state_dict()/load_state_dict().")
     if state.batch_in_epoch == 0:  # a run resumed mid-epoch continues the epoch: no new epoch starts
         state.scheduler_steps_in_epoch = state.fit_validation.total = 0  # Lightning's per-epoch counters
         callbacks.call("on_train_epoch_start", trainer, module)
@@ -264,11 +272,32 @@ def _fit_done(trainer: Any) -> bool:
 
 
 def effective_max_epochs(trainer: Any) -> int:
-    """Lightning's rule for `max_epochs=None`: no epoch limit when `max_steps` bounds the fit,
-    otherwise 1000 epochs (`trainer.max_epochs` itself stays None, as in Lightning)."""
+    """Lightning's rule for `max_epochs=None`: no epoch limit when `max_steps` or `max_time` bounds
+    the fit, otherwise 1000 epochs (`trainer.max_epochs` takes that value when fit starts)."""
     if trainer.max_epochs is not None:
         return int(trainer.max_epochs)
-    return -1 if trainer.max_steps != -1 else 1000
+    return -1 if trainer.max_steps != -1 or trainer.max_time is not None else 1000
+
+
+def _settle_max_epochs(trainer: Any) -> None:
+    """`max_epochs=None` becomes its value when fit starts (as in Lightning); falling back to 1000
+    epochs, with nothing else bounding the fit, is worth a warning."""
+    if trainer.max_epochs is not None:
+        return
+    trainer.max_epochs = effective_max_epochs(trainer)
+    if trainer.max_epochs == 1000:
+        rank_zero_warn("Trainer(max_epochs=None) with neither max_steps nor max_time: the fit stops after 1000 "
+                       "epochs. Pass max_epochs=-1 to train without an epoch limit, or set the limit you want.")
+
+
+def _warn_about_eval_mode(module: nn.Module) -> None:
+    """Training starts with the modes the module's parts have; one left in eval mode (e.g. frozen
+    by hand) keeps dropout and batch norm in evaluation behaviour, which is often a mistake."""
+    in_eval = [name or type(module).__name__ for name, part in module.named_modules() if not part.training]
+    if in_eval:
+        shown = ", ".join(in_eval[:3]) + (f", ... ({len(in_eval)} in all)" if len(in_eval) > 3 else "")
+        rank_zero_warn(f"Training starts with {len(in_eval)} module(s) in eval mode ({shown}): their dropout and "
+                       "batch norm layers behave as in evaluation. Call .train() on them unless that is intended.")
 
 
 def _max_steps_reached(trainer: Any) -> bool:
