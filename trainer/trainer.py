@@ -29,7 +29,7 @@ from trainer.lightning_views import FitLoopView, LoggerConnectorView
 from trainer.loggers.base import DummyLogger, is_logger
 from trainer.optimizers import LRSchedulerConfig
 from trainer.precision import Precision, normalize_precision
-from trainer.loops.fit_loop import effective_max_epochs
+from trainer.loops.fit_loop import effective_max_epochs, settle_max_epochs
 from trainer.loops.nonfinite import NonFiniteWatch
 from trainer.run import run_stage
 from trainer.state import LoopState, TrainerStatus
@@ -113,8 +113,8 @@ class Trainer:
         self.num_devices, self.num_nodes = int(args["devices"]), int(num_nodes)
         self.precision = normalize_precision(args["precision"])
         self.fast_dev_run = int(fast_dev_run)
-        # Lightning: None with max_steps set means no epoch limit (-1); None alone means 1000 epochs in the
-        # loop (loops/fit_loop.effective_max_epochs) while the attribute stays None
+        # Lightning: None with max_steps set means no epoch limit (-1); None alone stays None until fit
+        # starts, which makes it 1000 (or -1 with max_time): loops/fit_loop.settle_max_epochs
         self.max_epochs = 1 if self.fast_dev_run else (-1 if max_epochs is None and max_steps != -1 else max_epochs)
         self.min_epochs, self.min_steps = min_epochs, min_steps
         self.max_steps = self.fast_dev_run or max_steps
@@ -214,6 +214,7 @@ class Trainer:
             datamodule: Any = None, ckpt_path: str | None = None, weights_only: bool | None = None) -> None:
         """Train `model`; afterwards it holds the trained weights (also after multi-process runs)."""
         _check_weights_only(weights_only)
+        settle_max_epochs(self)  # here, so the launching process's attribute and warning are those of the fit
         datamodule = _split_datamodule(train_dataloaders, datamodule)
         train_dataloaders = None if datamodule is train_dataloaders else train_dataloaders
         self._launch("fit", model, dict(train_dataloaders=train_dataloaders, val_dataloaders=val_dataloaders,

@@ -35,7 +35,7 @@ from trainer.seed import restore_rank_rng_states
 def run_fit(trainer: Any, module: nn.Module) -> None:
     state, callbacks = trainer.loop_state, trainer.callback_list
     state.validated_in_fit = False
-    _settle_max_epochs(trainer)
+    settle_max_epochs(trainer)
     check_training_signature(module)
     if _should_sanity_check(trainer, module):
         run_sanity_check(trainer, module)
@@ -279,7 +279,7 @@ def effective_max_epochs(trainer: Any) -> int:
     return -1 if trainer.max_steps != -1 or trainer.max_time is not None else 1000
 
 
-def _settle_max_epochs(trainer: Any) -> None:
+def settle_max_epochs(trainer: Any) -> None:
     """`max_epochs=None` becomes its value when fit starts (as in Lightning); falling back to 1000
     epochs, with nothing else bounding the fit, is worth a warning."""
     if trainer.max_epochs is not None:
