@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from strategies import DDPStrategy
-from tests.helpers.compile_backends import LOG_VARIABLE, graphs_compiled, recording_aot_eager
+from tests.helpers.compile_backends import LOG_VARIABLE, MlpSteps, graphs_compiled, recording_aot_eager
 from tests.helpers.spawn import run_on_ranks
 from trainer import LightningModule, Trainer
 from trainer.callbacks import Callback, ModelCheckpoint
@@ -29,20 +29,8 @@ TOL = 1e-6
 BATCH, SAMPLES = 8, 64  # 4 steps per rank
 
 
-class Mlp(LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        return nn.functional.mse_loss(self(batch[0]), batch[1])
-
-    def configure_optimizers(self) -> Any:
-        return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+class Mlp(MlpSteps, LightningModule):
+    pass
 
 
 def _data() -> TensorDataset:

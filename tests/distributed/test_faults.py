@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -9,7 +10,9 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -110,27 +113,24 @@ LAUNCHER = textwrap.dedent("""
 """)
 
 
-@pytest.mark.timeout(90)
-@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
-def test_workers_stop_when_their_launcher_is_killed(tmp_path: Path, start_method: str) -> None:
-    # A forked worker's parent is the forkserver, which outlives a SIGKILLed launcher; the workers
-    # must stop anyway, as spawned ones do through their parent-death signal.
+@contextlib.contextmanager
+def _sleeping_workers(tmp_path: Path, start_method: str, **popen: Any) -> Iterator[tuple[subprocess.Popen[str], list[int]]]:
+    """A launcher process whose two workers sleep; yields it with the workers' pids, and leaves
+    nothing running afterwards whatever the test did."""
     script = tmp_path / "launcher.py"
     script.write_text(LAUNCHER)
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     launcher = subprocess.Popen([sys.executable, str(script), str(pid_dir), start_method], cwd=REPO, env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                text=True, **popen)
     try:
         deadline = time.monotonic() + 60
         while len(list(pid_dir.glob("*.pid"))) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
         pids = _worker_pids(pid_dir)
         assert len(pids) == 2, "the workers never started"
-        launcher.kill()
-        launcher.wait()
-        assert not wait_until_ended(pids, PROMPT_S)
+        yield launcher, pids
     finally:
         launcher.kill()
         for pid in _worker_pids(pid_dir):
@@ -139,27 +139,23 @@ def test_workers_stop_when_their_launcher_is_killed(tmp_path: Path, start_method
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_workers_stop_when_their_launcher_is_killed(tmp_path: Path, start_method: str) -> None:
+    # A forked worker's parent is the forkserver, which outlives a SIGKILLed launcher; the workers
+    # must stop anyway, as spawned ones do through their parent-death signal.
+    with _sleeping_workers(tmp_path, start_method, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL) as (launcher, pids):
+        launcher.kill()
+        launcher.wait()
+        assert not wait_until_ended(pids, PROMPT_S)
+
+
+@pytest.mark.timeout(90)
 def test_ctrl_c_ends_the_launcher_and_every_worker(tmp_path: Path) -> None:
     # Ctrl-C in a terminal sends SIGINT to the whole foreground process group.
-    script = tmp_path / "launcher.py"
-    script.write_text(LAUNCHER)
-    pid_dir = tmp_path / "pids"
-    pid_dir.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    launcher = subprocess.Popen([sys.executable, str(script), str(pid_dir), "forkserver"], cwd=REPO, env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 60
-        while len(list(pid_dir.glob("*.pid"))) < 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        pids = _worker_pids(pid_dir)
-        assert len(pids) == 2, "the workers never started"
+    with _sleeping_workers(tmp_path, "forkserver", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           start_new_session=True) as (launcher, pids):
         os.killpg(launcher.pid, signal.SIGINT)
         _, err = launcher.communicate(timeout=PROMPT_S)
         assert launcher.returncode != 0 and "KeyboardInterrupt" in err
         assert not wait_until_ended(pids, PROMPT_S)
-    finally:
-        launcher.kill()
-        for pid in _worker_pids(pid_dir):
-            if alive(pid):
-                os.kill(pid, 9)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 LOG_VARIABLE = "DDP_TRAINER_TEST_COMPILE_LOG"
 
@@ -30,3 +31,22 @@ def graphs_compiled(log: Path) -> dict[int, int]:
         rank = int(line.split()[0])
         counts[rank] = counts.get(rank, 0) + 1
     return counts
+
+
+class MlpSteps:
+    """The body of the compiled-training tests' module, mixed in before our LightningModule or
+    Lightning's (as benchmarks/workloads.BenchSteps is): the same seed, layers and optimizer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)  # type: ignore[no-any-return]
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return nn.functional.mse_loss(self(batch[0]), batch[1])  # type: ignore[operator]
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)  # type: ignore[attr-defined]

@@ -9,31 +9,17 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytorch_lightning as pl
 import torch
-from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from strategies.lightning import LightningDDPStrategy
-from tests.helpers.compile_backends import recording_aot_eager
+from tests.helpers.compile_backends import MlpSteps, recording_aot_eager
 
 
-class Mlp(pl.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        return nn.functional.mse_loss(self(batch[0]), batch[1])
-
-    def configure_optimizers(self) -> Any:
-        return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+class Mlp(MlpSteps, pl.LightningModule):
+    pass
 
 
 def main(mode: str, out: str) -> None:
