@@ -89,7 +89,10 @@ class TelemetryMonitor(Callback):
     @override
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         end, marks = time.perf_counter(), self._marks
-        start = marks.get("start", end)
+        if "start" not in marks:
+            return  # a batch that never started (a None batch the loop skipped): nothing ran, nothing to count
+        self._marks = {}
+        start = marks["start"]
         backward_start = marks.get("before_backward", end)
         window = self._window
         window.forward += backward_start - start

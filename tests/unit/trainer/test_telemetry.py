@@ -160,3 +160,34 @@ def test_real_trainer_fit_reports(tmp_path: Path, capsys: pytest.CaptureFixture[
     else:
         assert not any(key.startswith("telemetry/") for row, _ in logger.metrics for key in row)
     assert "telemetry: 4 steps" in capsys.readouterr().out
+
+
+def test_skipped_none_batches_count_no_step(tmp_path: Path) -> None:
+    # A training loader may yield None; the loop skips it (no batch-start hook, no step), so telemetry
+    # counts the optimizer steps that ran, not the batches that ended.
+    from trainer import LightningModule, Trainer
+
+    class Tiny(LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = nn.Linear(4, 1)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            return self.layer(batch[0]).square().mean()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def every_other_none(samples: list[Any]) -> Any:
+        return None if float(samples[0][0].sum()) < 0 else torch.utils.data.default_collate(samples)
+
+    x = torch.ones(8, 4)
+    x[2:4] *= -1  # the second batch of two becomes None
+    monitor = TelemetryMonitor()
+    trainer = Trainer(max_epochs=1, callbacks=[monitor], logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+                      accelerator="cpu")
+    with pytest.warns(UserWarning):
+        trainer.fit(Tiny(), train_dataloaders=torch.utils.data.DataLoader(
+            torch.utils.data.TensorDataset(x), batch_size=2, collate_fn=every_other_none))
+    assert trainer.global_step == 3 and monitor.fit_metrics(trainer)["steps"] == 3
