@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from tests.helpers.fake_trainer import FakeTrainer, RecordingLogger
+from trainer import LightningModule
 from trainer.callbacks import telemetry as telemetry_module
 from trainer.callbacks.telemetry import TelemetryMonitor
 
@@ -126,22 +127,25 @@ def test_without_a_reducer_only_compute_phases(tmp_path: Path, monkeypatch: pyte
     assert trainer.printed[0].endswith("+ optimizer 5.0 (+ other)")
 
 
+class Tiny(LightningModule):
+    """The smallest module that trains: one linear layer, SGD."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 1)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self.layer(batch[0]).square().mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
 @pytest.mark.parametrize("explicit", [False, True], ids=["trainer-default", "callback-given"])
 def test_real_trainer_fit_reports(tmp_path: Path, capsys: pytest.CaptureFixture[str], explicit: bool) -> None:
     """Given as a callback, telemetry writes logger rows; the Trainer's default one (enable_telemetry)
     only prints its line, so the loggers hold what the module logs, as under Lightning."""
-    from trainer import LightningModule, Trainer
-
-    class Tiny(LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.layer = nn.Linear(4, 1)
-
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            return self.layer(batch[0]).square().mean()
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=0.1)
+    from trainer import Trainer
 
     class Recorder(RecordingLogger):
         def finalize(self, status: str) -> None:
@@ -165,18 +169,7 @@ def test_real_trainer_fit_reports(tmp_path: Path, capsys: pytest.CaptureFixture[
 def test_skipped_none_batches_count_no_step(tmp_path: Path) -> None:
     # A training loader may yield None; the loop skips it (no batch-start hook, no step), so telemetry
     # counts the optimizer steps that ran, not the batches that ended.
-    from trainer import LightningModule, Trainer
-
-    class Tiny(LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.layer = nn.Linear(4, 1)
-
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            return self.layer(batch[0]).square().mean()
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=0.1)
+    from trainer import Trainer
 
     def every_other_none(samples: list[Any]) -> Any:
         return None if float(samples[0][0].sum()) < 0 else torch.utils.data.default_collate(samples)
