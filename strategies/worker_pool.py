@@ -95,10 +95,6 @@ class WorkerPool:
     def alive(self) -> bool:
         return bool(self._processes) and all(process.is_alive() for process in self._processes)
 
-    @property
-    def pids(self) -> list[int]:
-        return [process.pid for process in self._processes]
-
     def run(self, payload_path: str, restart_count: int = 0) -> bytes:
         """Run one stage on every worker; return global rank 0's pickled result.
 
