@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import itertools
 import os
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
@@ -35,7 +36,9 @@ from torch.utils.data import DataLoader
 
 from strategies.checkpoint_io import CheckpointIO, TorchCheckpointIO
 from strategies.hang_guard import LEDGER
+from strategies.preemption import PreemptionPolicy, PreemptionWatch
 
+_FITS_IN_THIS_PROCESS = itertools.count(1)  # every rank counts its fits alike: a fresh agreement key each
 ReduceOp = Literal["mean", "sum", "max", "min"]
 ACCELERATORS = ("cpu", "cuda", "gpu", "auto")
 
@@ -62,9 +65,11 @@ class Strategy(abc.ABC):
     the defaults describe one process on one device.
     """
 
-    def __init__(self, accelerator: str = "auto", checkpoint_io: CheckpointIO | None = None) -> None:
+    def __init__(self, accelerator: str = "auto", checkpoint_io: CheckpointIO | None = None,
+                 preemption: PreemptionPolicy | dict[str, Any] | bool | None = None) -> None:
         self.accelerator = accelerator
         self.checkpoint_io = checkpoint_io or TorchCheckpointIO()
+        self.preemption = PreemptionPolicy.from_argument(preemption)
         self.devices = 1
         self.num_nodes = 1
 
@@ -153,6 +158,18 @@ class Strategy(abc.ABC):
     def stop_workers(self) -> None:
         """Stop the worker processes `launch` keeps for this strategy's next stage (none by
         default). They also stop when the strategy is garbage-collected or the process exits."""
+
+    # ------------------------------------------------------------------ preemption
+    def preemption_watch(self) -> PreemptionWatch:
+        """A fit's watch for preemption notices (strategies/preemption.py): enter it around the
+        training loop, ask `due(steps)` at every step boundary. Every rank must open one per fit."""
+        key = f"ddp_trainer/preemption/restart-{self.restart_count}/fit-{next(_FITS_IN_THIS_PROCESS)}"
+        return PreemptionWatch(self.preemption, self.agreement_store(), key, self.global_rank)
+
+    def agreement_store(self) -> Any:
+        """The key-value store every rank reaches (the rendezvous store), for agreements that must
+        not cost a collective per step; None with one process."""
+        return None
 
     # ------------------------------------------------------------------ gradients
     #: Set by the Trainer while it runs: how a backward requested from outside its loop runs (Lightning's

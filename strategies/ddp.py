@@ -27,6 +27,7 @@ from strategies.checkpoint_io import CheckpointIO
 from strategies.hang_guard import LEDGER, HangGuard
 from strategies.environment import (ClusterEnvironment, check_launch_matches, detect_environment,
                                     processes_launched_externally, processes_outlive_stages)
+from strategies.preemption import PreemptionPolicy
 from strategies.rank_zero import rank_prefixed_message
 from strategies.reducer_options import ReducerOptions, check_bool, check_positive_number
 from strategies.sampler import distribute_dataloader
@@ -52,6 +53,9 @@ class DDPStrategy(Strategy):
     long before `timeout`; `debug_collectives=True` fingerprints every collective across ranks.
     `transport="auto"` sends CPU gradients between ranks of one host through shared memory
     (strategies/shm_transport.py), else through the process group; "process_group" forces the latter.
+    `preemption` (strategies/preemption.py) says which signals announce a preemption (default SIGTERM
+    and SIGUSR1), the grace period and whether to requeue on SLURM: every rank stops after the same
+    step, rank 0 writes one checkpoint, the processes exit with code 75. False turns it off.
     `start_method` starts local workers from a forkserver that imports torch once for all of them
     ("forkserver", where the platform has it) or has each import it ("spawn").
     """
@@ -63,8 +67,9 @@ class DDPStrategy(Strategy):
                  timeout: timedelta = timedelta(minutes=10), max_restarts: int = 0, accelerator: str = "auto",
                  checkpoint_io: CheckpointIO | None = None, stall_timeout: float | None = 25.0,
                  debug_collectives: bool = False, transport: str = "auto",
-                 start_method: str = "forkserver") -> None:
-        super().__init__(accelerator=accelerator, checkpoint_io=checkpoint_io)
+                 start_method: str = "forkserver",
+                 preemption: PreemptionPolicy | dict[str, Any] | bool | None = None) -> None:
+        super().__init__(accelerator=accelerator, checkpoint_io=checkpoint_io, preemption=preemption)
         options = ReducerOptions(bucket_cap_mb, first_bucket_cap_mb, gradient_as_bucket_view, comm_hook,
                                  find_unused_parameters, broadcast_buffers, transport)  # names a bad value's argument
         if stall_timeout is not None:
@@ -311,6 +316,12 @@ class DDPStrategy(Strategy):
                 dist.barrier(device_ids=[self.root_device.index or 0])
             else:
                 dist.barrier()
+
+    @override
+    def agreement_store(self) -> Any:
+        if not dist.is_initialized() or dist.get_world_size() < 2:
+            return None
+        return dist.distributed_c10d._get_default_store()
 
     # ------------------------------------------------------------------ state in checkpoints
     def state_dict(self) -> dict[str, Any]:

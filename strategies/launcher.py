@@ -16,17 +16,21 @@ defined in `__main__`, inside functions or in a notebook, which workers could no
 from __future__ import annotations
 
 import atexit
+import contextlib
 import pickle
+import signal
+import threading
 import tempfile
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 import torch
 
+from strategies.preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionPolicy
 from strategies.worker import finish
 from strategies.worker_pool import WorkerFailedError, WorkerPool
 
@@ -64,15 +68,57 @@ def launch(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...], kw
         _serialize(strategy, fn, args, kwargs, payload_path)
         for restart in range(max_restarts + 1):
             pool = _pool_for(strategy, nprocs, start_method)
+            policy = strategy.preemption
             try:
-                return pickle.loads(pool.run(str(payload_path), restart_count=restart))
+                with forward_notices(pool, policy) as notice:
+                    result = pickle.loads(pool.run(str(payload_path), restart_count=restart,
+                                                   notice_signals=policy.signals))
             except WorkerFailedError as failure:
                 _ActivePool.pool = _ActivePool.owner = None  # the pool closed itself
+                if notice.received and failure.exitcode == PREEMPTED_EXIT_CODE:
+                    raise Preempted(None, notice.received, None) from failure  # out of grace before a checkpoint
                 if restart == max_restarts:
                     raise
                 warnings.warn(f"restarting the workers ({restart + 1} of {max_restarts}) after: {failure}",
                               RuntimeWarning, stacklevel=2)
+                continue
+            if isinstance(result, Preempted):
+                if notice.received or restart == max_restarts:
+                    raise result  # the whole job is going away (or no restart is left): exit 75
+                warnings.warn(f"restarting the workers ({restart + 1} of {max_restarts}) after a worker was {result}",
+                              RuntimeWarning, stacklevel=2)
+                continue
+            if notice.received:  # it came during a stage with no training to checkpoint (validate, test, ...)
+                raise Preempted(None, notice.received, None)
+            return result
     raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+class _Notice:
+    received: str | None = None
+
+
+@contextlib.contextmanager
+def forward_notices(pool: WorkerPool, policy: PreemptionPolicy) -> Iterator[_Notice]:
+    """While a stage runs, a preemption signal to the launching process (Kubernetes and most
+    schedulers signal only the main process) goes on to every worker, which checkpoint and stop
+    together; the launching process then exits with the preemption code instead of dying at once."""
+    notice = _Notice()
+    if not policy.enabled or threading.current_thread() is not threading.main_thread():
+        yield notice
+        return
+
+    def forward(signum: int, frame: Any) -> None:
+        if notice.received is None:
+            notice.received = signal.Signals(signum).name
+        pool.notify(signum)
+
+    previous = {number: signal.signal(number, forward) for number in policy.signal_numbers()}
+    try:
+        yield notice
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler if handler is not None else signal.SIG_DFL)
 
 
 def stop_workers(strategy: Strategy | None = None) -> None:

@@ -31,6 +31,7 @@ import torch
 from strategies import process_group
 from strategies.environment import LOCAL_LAUNCH_MARKER
 from strategies.hang_guard import FAILURES_DIR_VARIABLE, write_failure_stamp
+from strategies.preemption import Preempted, hold_notices
 
 if TYPE_CHECKING:
     from strategies.base import Strategy
@@ -65,6 +66,7 @@ class Order:
     env_changes: dict[str, str | None]
     cwd: str
     restart_count: int = 0
+    notice_signals: tuple[str, ...] = ()  # the strategy's preemption signals, held from the stage's start
 
 
 STOP = "stop"  # the message that ends a worker's loop
@@ -114,12 +116,20 @@ def _next_order(connection: Connection) -> Order | None:
 
 
 def _run_order(order: Order) -> bytes:
-    """Run one stage; global rank 0 answers with its pickled result, the others with b""."""
+    """Run one stage; global rank 0 answers with its pickled result, the others with b"". A stage
+    that every rank left preempted (after its checkpoint) answers with the `Preempted` notice."""
     _apply_launcher_state(order)
-    strategy, fn, args, kwargs = load_work(order.payload_path)
-    strategy.setup_environment()
-    result = fn(*args, **kwargs)
-    finish(strategy)
+    release_notices = hold_notices(order.notice_signals)
+    try:
+        strategy, fn, args, kwargs = load_work(order.payload_path)
+        strategy.setup_environment()
+        try:
+            result = fn(*args, **kwargs)
+        except Preempted as notice:
+            result = notice
+        finish(strategy)
+    finally:
+        release_notices()
     answer = cloudpickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL) if strategy.global_rank == 0 else b""
     return answer
 

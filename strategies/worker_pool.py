@@ -95,12 +95,13 @@ class WorkerPool:
     def alive(self) -> bool:
         return bool(self._processes) and all(process.is_alive() for process in self._processes)
 
-    def run(self, payload_path: str, restart_count: int = 0) -> bytes:
-        """Run one stage on every worker; return global rank 0's pickled result.
+    def run(self, payload_path: str, restart_count: int = 0, notice_signals: tuple[str, ...] = ()) -> bytes:
+        """Run one stage on every worker; return global rank 0's pickled result. `notice_signals`
+        are the preemption signals the workers hold from the stage's start (strategies/preemption.py).
 
         Raises `WorkerFailedError` (and closes the pool) when any worker raises or dies.
         """
-        order = Order(payload_path, self._env_changes(), os.getcwd(), restart_count)
+        order = Order(payload_path, self._env_changes(), os.getcwd(), restart_count, notice_signals)
         message = pickle.dumps(order, protocol=pickle.HIGHEST_PROTOCOL)
         try:
             for connection in self._connections:
@@ -120,6 +121,13 @@ class WorkerPool:
             self.close(graceful=False)
             raise
         return answers[0]
+
+    def notify(self, signum: int) -> None:
+        """Pass a signal on to every live worker (a preemption notice the launching process got)."""
+        for process in self._processes:
+            if process.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signum)
 
     def _collect_answers(self) -> dict[int, bytes]:
         answers: dict[int, bytes] = {}

@@ -29,6 +29,8 @@ def build_checkpoint(trainer: Any, module: Any, weights_only: bool = False) -> d
     below 2**53), so tools that compare two checkpoints' loops numerically can."""
     ours = {**trainer.loop_state.state_dict(), "format": FORMAT, "format_version": FORMAT_VERSION}
     ours.pop("stage_counts")  # validate/test/predict counts belong to this Trainer, not to the fit resumed
+    if getattr(trainer, "preemption_mark", None):
+        ours["preemption"] = dict(trainer.preemption_mark)  # which signal; written at the agreed step boundary
     checkpoint: dict[str, Any] = {
         "epoch": trainer.loop_state.current_epoch,
         "global_step": trainer.loop_state.global_step,
@@ -198,9 +200,10 @@ def checkpoint_candidates(dirpath: str | None) -> list[str]:
     return [str(path) for path in files]
 
 
-def resolve_ckpt_path(ckpt_path: str | None, checkpoint_dirs: list[str]) -> list[str]:
-    """The files to try, in order: `"last"` -> every checkpoint in the checkpoint directories,
-    newest first (an unreadable one is skipped by the caller); a path -> that file; None -> []."""
+def resolve_ckpt_path(ckpt_path: str | None, checkpoint_dirs: list[str], also: list[str] | None = None) -> list[str]:
+    """The files to try, in order: `"last"` -> every checkpoint in the checkpoint directories and
+    the existing files of `also` (the preemption checkpoint), newest first (an unreadable one is
+    skipped by the caller); a path -> that file; None -> []."""
     if ckpt_path is None:
         return []
     if ckpt_path != "last":
@@ -208,4 +211,5 @@ def resolve_ckpt_path(ckpt_path: str | None, checkpoint_dirs: list[str]) -> list
             raise CheckpointError(f"ckpt_path={ckpt_path!r} does not exist.")
         return [ckpt_path]
     candidates = [path for directory in checkpoint_dirs for path in checkpoint_candidates(directory)]
+    candidates += [path for path in also or [] if Path(path).is_file() and path not in candidates]
     return sorted(candidates, key=lambda path: Path(path).stat().st_mtime_ns, reverse=True)

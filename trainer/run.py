@@ -24,6 +24,7 @@ from trainer.compiled import compiled_steps, plain_state_dict
 from trainer.data_sources import overrides
 from trainer.loops.evaluation import has_step, print_results, run_evaluation, run_predict
 from trainer.loops.fit_loop import run_fit
+from trainer.loops.preemption import default_resume_path, discard_if_consumed, preemption_checkpoint_path
 from trainer.loops.training_step import backward
 from trainer.module_adapter import attach, automatic_optimization, check_module, detach
 from trainer.optimizers import ManualOptimizer, NoOptimizer, check_schedulers, init_optimizers
@@ -144,6 +145,16 @@ def _run_entry(trainer: Any, module: nn.Module, stage: str, data: dict[str, Any]
 
 
 def _fit(trainer: Any, module: nn.Module, ckpt_path: str | None) -> None:
+    """The fit stage; a preemption notice from here on stops it at a step boundary with a checkpoint."""
+    with trainer.strategy.preemption_watch() as watch:
+        trainer.preemption_watch = watch
+        try:
+            _fit_watched(trainer, module, ckpt_path)
+        finally:
+            trainer.preemption_watch = None
+
+
+def _fit_watched(trainer: Any, module: nn.Module, ckpt_path: str | None) -> None:
     checkpoint, path = _load_for_fit(trainer, ckpt_path)
     trainer.ckpt_path = path
     if checkpoint is not None:
@@ -159,6 +170,7 @@ def _fit(trainer: Any, module: nn.Module, ckpt_path: str | None) -> None:
     with torch.autograd.set_detect_anomaly(trainer.detect_anomaly):
         run_fit(trainer, module)
     callbacks.call("on_fit_end", trainer, module)
+    discard_if_consumed(trainer)
     _finalize_loggers(trainer, "success")
 
 
@@ -218,11 +230,14 @@ def _checkpoint_dirs(trainer: Any) -> list[str]:
 
 def _load_for_fit(trainer: Any, ckpt_path: str | None) -> tuple[dict[str, Any] | None, str | None]:
     """The checkpoint `fit` resumes from: a path, "last" (newest readable one), "best", or None."""
+    if ckpt_path is None:
+        ckpt_path = default_resume_path(trainer)  # a preempted run resumes by itself
     if ckpt_path is None and trainer.strategy.restart_count > 0:
         ckpt_path = "last"  # an elastic restart resumes from the newest checkpoint by itself
     if ckpt_path == "best":
         ckpt_path = _best_path(trainer)
-    for path in checkpointing.resolve_ckpt_path(ckpt_path, _checkpoint_dirs(trainer)):
+    also = [preemption_checkpoint_path(trainer)] if ckpt_path == "last" else []
+    for path in checkpointing.resolve_ckpt_path(ckpt_path, _checkpoint_dirs(trainer), also=also):
         try:
             return _load(trainer, path), path
         except CheckpointError as error:

@@ -165,6 +165,8 @@ class Trainer:
         self.num_sanity_val_batches: list[int | float] = []
         self.ckpt_path: str | None = None
         self.received_sigterm = False
+        self.preemption_watch: Any = None  # while a fit runs: its PreemptionWatch (trainer/loops/preemption.py)
+        self.preemption_mark: dict[str, Any] | None = None  # while the preemption checkpoint is built
         self.fit_started_at = 0.0  # time.monotonic() when training started (max_time counts from there)
         self._fitted = False  # a fit ran on the current model: evaluating it without one may use "best"
 

@@ -28,6 +28,7 @@ from trainer.loops.signatures import check_training_signature
 from trainer.loops.step_iterator import StepIterator, takes_dataloader_iter
 from trainer.loops.evaluation import has_step, run_evaluation, run_sanity_check
 from trainer.loops.nonfinite import NonFiniteWatch
+from trainer.loops.preemption import stop_if_preempted
 from trainer.loops.training_step import run_training_batch, step_schedulers
 from trainer.seed import restore_rank_rng_states
 
@@ -60,6 +61,7 @@ def run_fit(trainer: Any, module: nn.Module) -> None:
     _warn_about_eval_mode(module)
     callbacks.call("on_train_start", trainer, module)
     while not _fit_done(trainer):
+        stop_if_preempted(trainer)  # between epochs (and before the first)
         train_loader = _maybe_reload(trainer, module, train_loader)
         _run_epoch(trainer, module, train_loader)
         state.current_epoch += 1
@@ -172,6 +174,8 @@ def _run_epoch(trainer: Any, module: nn.Module, train_loader: Any) -> None:
         if _max_steps_reached(trainer) or (trainer.should_stop and _can_stop_early(trainer)):
             stopped = True
             break
+        if window_end and not state.is_last_batch:  # an epoch's last batch: its end hooks run first
+            stop_if_preempted(trainer)
     completed = last_idx + 1 == total or (not stopped and last_idx >= 0)
     if total == float("inf") and not stopped and last_idx >= 0 \
             and _should_validate(trainer, last_idx, module, epoch_ended=True):

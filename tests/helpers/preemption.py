@@ -1,0 +1,34 @@
+"""A module that delivers a preemption notice to itself, a peer or the launching process at a
+chosen step of its first run (importable by spawned workers)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import torch
+
+from tests.helpers.models import DropoutRegressor
+
+
+class NoticeAtStep(DropoutRegressor):
+    """At `global_step == step`, `signal_name` goes to: this rank (`to="rank1"`, `"rank0"`), every
+    rank (`"all"`: each signals itself) or `launcher_pid` (`"launcher"`). A resumed run starts past
+    `step`, so only the first run is signalled."""
+
+    def __init__(self, step: int, to: str = "rank1", signal_name: str = "SIGTERM", launcher_pid: int = 0) -> None:
+        super().__init__()
+        self.step, self.target, self.signal_name, self.launcher_pid = step, to, signal_name, launcher_pid
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if self.global_step == self.step:
+            self._notify()
+        return super().training_step(batch, batch_idx)
+
+    def _notify(self) -> None:
+        number = signal.Signals[self.signal_name]
+        if self.target == "launcher" and self.global_rank == 0:
+            os.kill(self.launcher_pid, number)
+        elif self.target == "all" or self.target == f"rank{self.global_rank}":
+            os.kill(os.getpid(), number)
