@@ -29,6 +29,7 @@ from strategies.environment import detect_environment, processes_launched_extern
 from trainer import Trainer, seed_everything
 from trainer.cli_errors import describe_error
 from strategies.launcher import WorkerFailedError
+from strategies.preemption import PREEMPTED_EXIT_CODE, Preempted
 from trainer.config import ConfigError, normalize_precision, validate
 from trainer.loggers import TensorBoardLogger
 
@@ -65,6 +66,9 @@ def main() -> None:
         # The failing rank's number and traceback are the message; our own stack adds nothing.
         print(f"{PROG}: {error}", file=sys.stderr, flush=True)
         sys.exit(EXIT_WORKER_FAILED)
+    except Preempted as notice:
+        print(f"{PROG}: {notice}; rerun the same command (same run directory) to resume.", file=sys.stderr, flush=True)
+        sys.exit(PREEMPTED_EXIT_CODE)
     finally:
         if not _user_full_error:
             os.environ.pop("HYDRA_FULL_ERROR", None)

@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from strategies.base import ACCELERATORS
 from strategies.ddp import START_METHODS
 from strategies.environment import LocalEnvironment, SLURMEnvironment, TorchElasticEnvironment
+from strategies.preemption import slurm_job_id
 from strategies.shm_transport import TRANSPORTS
 
 PRECISIONS = ("32-true", "64-true", "16-mixed", "bf16-mixed")
@@ -82,6 +83,14 @@ class TimeoutConfig:
 
 
 @dataclass
+class PreemptionConfig:
+    """strategies.PreemptionPolicy's settings (it validates them; the CLI names the key)."""
+    signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
+    grace_period_s: float = 25.0
+    requeue: Any = "auto"  # auto | true | false
+
+
+@dataclass
 class DDPStrategyConfig:
     _target_: str = "strategies.DDPStrategy"
     bucket_cap_mb: Any = 25.0  # MiB, or "auto" (timed during the first steps)
@@ -98,11 +107,13 @@ class DDPStrategyConfig:
     debug_collectives: bool = False
     transport: str = "auto"
     start_method: str = "forkserver"
+    preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
 
 
 @dataclass
 class SingleDeviceStrategyConfig:
     _target_: str = "strategies.SingleDeviceStrategy"
+    preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
 
 
 @dataclass
@@ -210,7 +221,8 @@ def register_configs() -> None:
 
 def run_name(default: str) -> str:
     """The run directory's name. Under torchrun or srun every rank runs `ddp-train` itself and
-    their clocks differ, so the launcher's job id names the directory they all share."""
+    their clocks differ, so the launcher's job id names the directory they all share. A SLURM job
+    keeps its id when requeued, so its run directory (and preemption checkpoint) is the same."""
     if LocalEnvironment.detect():  # a worker of our own launcher (it never re-runs the CLI)
         return default
     if TorchElasticEnvironment.detect():
@@ -221,6 +233,9 @@ def run_name(default: str) -> str:
     if SLURMEnvironment.detect():
         step = os.environ.get("SLURM_STEP_ID")
         return f"slurm-{os.environ.get('SLURM_JOB_ID', 'job')}" + (f".{step}" if step else "")
+    job = slurm_job_id()
+    if job:  # a batch job on one node (our launcher starts the ranks): a requeued job finds its checkpoint
+        return f"slurm-{job}"
     return default
 
 

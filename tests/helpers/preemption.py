@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from tests.helpers.models import DropoutRegressor
+from trainer.callbacks import Callback
 
 
 class NoticeAtStep(DropoutRegressor):
@@ -32,3 +33,16 @@ class NoticeAtStep(DropoutRegressor):
             os.kill(self.launcher_pid, number)
         elif self.target == "all" or self.target == f"rank{self.global_rank}":
             os.kill(os.getpid(), number)
+
+
+class MarkReady(Callback):
+    """A callback for CLI runs: global rank 0 writes `path` after `step` optimizer steps, so a test
+    knows training is under way before it sends a notice from outside."""
+
+    def __init__(self, path: str, step: int = 3) -> None:
+        self.path, self.step = path, step
+
+    def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.global_step == self.step and trainer.is_global_zero:
+            with open(self.path, "w") as handle:
+                handle.write(str(os.getpid()))
