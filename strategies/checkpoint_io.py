@@ -49,6 +49,15 @@ class TorchCheckpointIO(CheckpointIO):
                 os.fsync(handle.fileno())
             os.replace(tmp_name, target)
             _fsync_directory(target.parent)
+        except (OSError, RuntimeError) as error:
+            Path(tmp_name).unlink(missing_ok=True)
+            cause = _os_error_in(error)
+            if cause is None:
+                raise
+            # A full disk (ENOSPC), a quota, a file-size limit, a vanished mount: say so; the old file stays.
+            kept = "the previous file is unchanged" if target.exists() else "no earlier file existed"
+            raise CheckpointError(f"Could not write checkpoint {str(target)!r}: {cause.strerror or cause} "
+                                  f"(errno {cause.errno}); {kept}. Free space or choose another directory.") from error
         except BaseException:
             Path(tmp_name).unlink(missing_ok=True)
             raise
@@ -73,6 +82,17 @@ class TorchCheckpointIO(CheckpointIO):
                 f"Checkpoint {str(source)!r} holds a {type(checkpoint).__name__}, expected a dict."
             )
         return checkpoint
+
+
+def _os_error_in(error: BaseException) -> OSError | None:
+    """The operating system's refusal behind `error`: torch's zip writer reports a failed write as a
+    RuntimeError ("unexpected pos ...") whose context is the OSError."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _fsync_directory(directory: Path) -> None:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import pickle
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +43,38 @@ def test_failing_save_keeps_the_old_file_and_leaves_no_temp_file(tmp_path: Path,
     def half_then_fail(obj: Any, handle: Any, *args: Any, **kwargs: Any) -> None:
         real_save({"version": 2, "big": torch.zeros(1000)}, handle)
         handle.truncate(100)  # a partly written file ...
-        raise OSError("disk full")  # ... and then the writer dies
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # ... and then the disk is full
 
     monkeypatch.setattr(torch, "save", half_then_fail)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(CheckpointError, match=rf"Could not write checkpoint '{path}': No space left on device "
+                                              r"\(errno 28\); the previous file is unchanged"):
         io.save({"version": 2}, path)
     monkeypatch.setattr(torch, "save", real_save)
     assert io.load(path) == {"version": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["model.ckpt"]
+
+
+def test_a_real_write_failure_midway_names_the_file_and_keeps_the_old_one(tmp_path: Path) -> None:
+    """The operating system refuses the write part of the way in (a file-size limit below the new
+    checkpoint's size: EFBIG, as ENOSPC would on a full disk): the error names the file and the
+    cause, the earlier checkpoint still loads, and no temporary file is left."""
+    path = tmp_path / "model.ckpt"
+    TorchCheckpointIO().save({"w": torch.ones(10)}, path)
+    script = textwrap.dedent(f"""
+        import resource, signal, torch
+        from strategies.checkpoint_io import CheckpointError, TorchCheckpointIO
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing us
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+        try:
+            TorchCheckpointIO().save({{"w": torch.ones(100_000)}}, {str(path)!r})
+        except CheckpointError as error:
+            print(error)
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                            cwd=Path(__file__).parents[3])
+    assert f"Could not write checkpoint '{path}': File too large" in result.stdout, result.stdout + result.stderr
+    assert "the previous file is unchanged" in result.stdout
+    assert torch.equal(TorchCheckpointIO().load(path)["w"], torch.ones(10))
     assert [p.name for p in tmp_path.iterdir()] == ["model.ckpt"]
 
 
