@@ -5,6 +5,9 @@ next fit in the same directory resumes from it and ends bit-identical to an unin
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +17,11 @@ import torch
 from strategies import DDPStrategy
 from strategies.preemption import PREEMPTED_EXIT_CODE, Preempted
 from tests.helpers.models import DropoutRegressor, RegressionData
-from tests.helpers.preemption import NoticeAtStep
+from tests.helpers.preemption import NoticeAtStep, StuckAfterNotice
 from trainer import Trainer, seed_everything
 
 pytestmark = pytest.mark.timeout(240)
+REPO = Path(__file__).resolve().parents[2]
 EPOCHS = 3  # 64 samples, 2 ranks x 8 per batch: 4 steps per epoch, 12 in all
 
 
@@ -68,3 +72,53 @@ def test_notice_checkpoints_and_resumes_bit_exactly(tmp_path: Path, uninterrupte
         assert ours["batch_in_epoch"] == 0 and checkpoint["epoch"] == 1, "stopped between epochs"
     for key, value in uninterrupted.items():
         assert torch.equal(value, resumed.state_dict()[key]), key
+
+
+def test_our_restart_resumes_from_the_preemption_checkpoint(tmp_path: Path,
+                                                            uninterrupted: dict[str, torch.Tensor]) -> None:
+    """A notice to one worker alone (not to the launching process): with max_restarts the group restarts
+    and resumes from the preemption checkpoint within the same launch; a notice to the launching
+    process means the job is going away, so it is not restarted."""
+    seed_everything(11)
+    model = NoticeAtStep(5, "rank1")
+    with pytest.warns(RuntimeWarning, match="restarting the workers .* after a worker was preempted by SIGTERM"):
+        trainer = _fit(model, tmp_path / "worker", max_restarts=1)
+    assert trainer.global_step == 4 * EPOCHS and not (tmp_path / "worker" / "preempted.ckpt").exists()
+    for key, value in uninterrupted.items():
+        assert torch.equal(value, model.state_dict()[key]), key
+    seed_everything(11)
+    with pytest.raises(Preempted):
+        _fit(NoticeAtStep(5, "launcher", launcher_pid=os.getpid()), tmp_path / "launcher", max_restarts=1)
+
+
+def _torchrun(root: Path, notice_step: int) -> dict[str, Any]:
+    out = root / "weights.pt"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               "--max-restarts", "1", "-m", "tests.helpers.torchrun_preempt_resume", str(root), str(out),
+               str(notice_step)]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=200)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return {"log": result.stdout + result.stderr, **torch.load(out, weights_only=True)}
+
+
+def test_torchrun_restart_resumes_from_the_preemption_checkpoint(tmp_path: Path) -> None:
+    """torchrun's agent sees every rank exit 75 and restarts the group, which resumes by itself; the
+    oracle is an uninterrupted torchrun run (its ranks build the model before their dropout draws)."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    plain, restarted = _torchrun(tmp_path / "a", notice_step=-1), _torchrun(tmp_path / "b", notice_step=5)
+    assert "Resuming from the preemption checkpoint" in restarted["log"]
+    assert "Resuming" not in plain["log"]
+    assert restarted["global_step"] == plain["global_step"] == 4 * EPOCHS
+    for key, value in plain["state_dict"].items():
+        assert torch.equal(value, restarted["state_dict"][key]), key
+
+
+def test_no_checkpoint_within_the_grace_period_still_exits_75_in_time(tmp_path: Path) -> None:
+    seed_everything(11)
+    started = time.monotonic()
+    with pytest.raises(Preempted) as stopped:
+        _fit(StuckAfterNotice(5, "launcher", launcher_pid=os.getpid()), tmp_path, preemption={"grace_period_s": 3})
+    assert time.monotonic() - started < 3 + 20, "ended by the grace deadline, not the hang guard or a timeout"
+    assert stopped.value.checkpoint_path is None and stopped.value.code == PREEMPTED_EXIT_CODE
+    assert "no checkpoint written" in str(stopped.value) and not (tmp_path / "preempted.ckpt").exists()

@@ -4,6 +4,7 @@ chosen step of its first run (importable by spawned workers)."""
 from __future__ import annotations
 
 import os
+import time
 import signal
 from typing import Any
 
@@ -46,3 +47,13 @@ class MarkReady(Callback):
         if trainer.global_step == self.step and trainer.is_global_zero:
             with open(self.path, "w") as handle:
                 handle.write(str(os.getpid()))
+
+
+class StuckAfterNotice(NoticeAtStep):
+    """Rank 0 notifies the launching process at `step`; rank 1 is stuck in its own code from then on,
+    so no step boundary comes: only the grace deadline can end the job before a SIGKILL."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if self.global_step == self.step and self.global_rank == 1:
+            time.sleep(120)
+        return super().training_step(batch, batch_idx)

@@ -177,6 +177,8 @@ BAD_INPUTS = {
     "trainer.max_epochs=abc": "trainer.max_epochs='abc' is not a valid integer",
     "trainer.precision=17-bits": "trainer.precision='17-bits' is not one of",
     "experiment=char_gpt data.path=/no/such/file.txt": "data: text file '/no/such/file.txt' does not exist",
+    "strategy.preemption.signals=[SIGFOO]": "strategy: strategies.ddp.DDPStrategy: preemption signal 'SIGFOO' is not "
+                                            "a signal of this platform",
 }
 
 
@@ -198,7 +200,9 @@ def test_command_line_errors_and_introspection(tmp_path: Path) -> None:
     (tmp_path / "my_conf" / "model" / "tiny.yaml").write_text(
         "_target_: trainer.demos.synthetic.MLPRegressor\nhidden_sizes: [4]\n")
     # data.path is checked when the datamodule is built, inside the run: use its own folder.
-    procs = {args: start(args.split(), late if "data.path" in args else early) for args in BAD_INPUTS}
+    built_in_run = ("data.path", "strategy.preemption")  # checked by constructors, once the run directory exists
+    procs = {args: start(args.split(), late if any(key in args for key in built_in_run) else early)
+             for args in BAD_INPUTS}
     procs["FULL"] = start(["trainer.precision=17-bits"], late, HYDRA_FULL_ERROR="1")
     procs["USER"] = start(["--config-dir", str(tmp_path / "my_conf"), "model=tiny", "--cfg", "job"], early)
     results = {name: (proc.wait(timeout=200), *proc.communicate()) for name, proc in procs.items()}
