@@ -2,12 +2,17 @@
 
 "error" (the default) must name the first step whose reduced gradients were NaN/inf and the ranks
 whose loss was non-finite then. Asking the host "is the norm finite?" after every backward would
-make the host wait for the device each step. Instead each step's verdict is folded into a few
-tensors on the device (the first bad step, its epoch, whether this rank's loss was finite there),
-and the host reads them where the loop reads values anyway: when step metrics go to the loggers,
-at the end of each epoch, before a checkpoint is written, and when fit ends. The error is raised
-there, naming the step it came from; a checkpoint is never written after a bad step. The steps in
-between still ran (their weights are NaN anyway).
+make the host wait for the device each step. Instead each step's verdict stays on the device, and
+the host reads it where the loop reads values anyway: when step metrics go to the loggers, at the
+end of each epoch, before a checkpoint is written, and when fit ends. The error is raised there,
+naming the step it came from; a checkpoint is never written after a bad step. The steps in between
+still ran (their weights are NaN anyway).
+
+Each step costs one device op besides the gradient norm: the norm and the loss are written side by
+side into a row of a small device buffer (a few launches per step are what a compiled GPU step
+notices). The rows are one run of consecutive steps of one epoch, so row `i` is step `first + i`;
+the host folds them into the first bad (step, epoch, loss finite) record when the buffer is full,
+when the run breaks, and before it reads the record.
 
 "skip" has to decide before the optimizer steps, so it reads the verdict at once (one wait per
 step, the price of skipping). "ignore", and a GradScaler (which skips overflowing steps itself),
@@ -23,6 +28,7 @@ from typing import Any
 import torch
 
 _NONE = -1
+_ROWS = 256  # steps buffered on the device between folds (bounded memory when nothing reads sooner)
 
 
 class NonFiniteWatch:
@@ -30,6 +36,9 @@ class NonFiniteWatch:
 
     def __init__(self) -> None:
         self._first_bad: torch.Tensor | None = None  # (step, epoch, loss finite on this rank) or -1s
+        self._rows: torch.Tensor | None = None  # (_ROWS, 2): each step's gradient norm and loss value
+        self._filled = 0
+        self._run_start = (0, 0)  # (step, epoch) of row 0
 
     def usable(self, trainer: Any, optimizer: Any, loss: torch.Tensor | None) -> bool:
         """Whether the optimizer may step now (False only under "skip"); `loss` is this rank's."""
@@ -38,29 +47,52 @@ class NonFiniteWatch:
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         if not grads:
             return True
-        finite = torch.isfinite(torch.nn.utils.get_total_norm(grads))
+        norm = total_norm(grads)
         if trainer.on_nonfinite == "skip":
-            if bool(finite):
+            if bool(torch.isfinite(norm)):
                 return True
             warnings.warn(f"step {trainer.global_step}: non-finite gradients, optimizer step skipped "
                           "(on_nonfinite='skip').", stacklevel=3)
             return False
-        self._remember(trainer, finite, loss)
+        self.record(trainer.global_step, trainer.current_epoch, norm, loss)
         return True
 
-    def _remember(self, trainer: Any, finite: torch.Tensor, loss: torch.Tensor | None) -> None:
-        device = finite.device
-        loss_ok = torch.isfinite(loss.detach()).all() if loss is not None else torch.ones((), dtype=torch.bool)
-        now = torch.stack([torch.full((), trainer.global_step, dtype=torch.int64, device=device),
-                           torch.full((), trainer.current_epoch, dtype=torch.int64, device=device),
-                           loss_ok.to(device=device, dtype=torch.int64)])
+    def record(self, step: int, epoch: int, norm: torch.Tensor, loss: torch.Tensor | None) -> None:
+        """Keep step `step`'s verdict on the device: one write of (norm, loss) into the next row."""
+        norm = norm.detach()
+        value = _loss_value(loss, norm)
+        dtype = torch.promote_types(norm.dtype, value.dtype)  # a wider float keeps finiteness exactly
+        if self._filled and (step, epoch) != (self._run_start[0] + self._filled, self._run_start[1]):
+            self._fold()  # a repeated step (a closure run twice) or a new epoch starts a new run
+        if self._rows is None or self._rows.device != norm.device or self._rows.dtype != dtype:
+            self._fold()
+            self._rows = torch.empty((_ROWS, 2), dtype=dtype, device=norm.device)
+        if not self._filled:
+            self._run_start = (step, epoch)
+        torch.stack([norm, value], out=self._rows[self._filled])
+        self._filled += 1
+        if self._filled == _ROWS:
+            self._fold()
+
+    def _fold(self) -> None:
+        """Merge the buffered run into the first-bad record (a handful of device ops, no host read)."""
+        if not self._filled:
+            return
+        assert self._rows is not None
+        finite = torch.isfinite(self._rows[:self._filled])  # (rows, 2): gradients, loss
+        grads_ok = finite[:, 0]
+        row = grads_ok.to(torch.int64).argmin()  # the first bad row, when there is one
+        step, epoch = self._run_start
+        now = torch.stack([row + step, torch.full_like(row, epoch), finite[row, 1].to(torch.int64)])
         if self._first_bad is None:
-            self._first_bad = torch.full((3,), _NONE, dtype=torch.int64, device=device)
-        first_bad_this_step = (~finite) & (self._first_bad[0] == _NONE)
-        self._first_bad = torch.where(first_bad_this_step, now, self._first_bad)
+            self._first_bad = torch.full((3,), _NONE, dtype=torch.int64, device=now.device)
+        first_bad_here = grads_ok.logical_not().any() & (self._first_bad[0] == _NONE)
+        self._first_bad = torch.where(first_bad_here, now, self._first_bad)
+        self._filled = 0
 
     def check(self, trainer: Any) -> None:
         """Raise if a step so far had non-finite gradients. Every rank calls it at the same point."""
+        self._fold()
         if self._first_bad is None:
             return
         step, epoch, loss_finite = self._first_bad.tolist()  # the host waits for the device here only
@@ -72,3 +104,29 @@ class NonFiniteWatch:
         raise FloatingPointError(f"step {step}, epoch {epoch}: gradients are NaN/inf after the reduction; {where}. "
                                  "Lower the learning rate, clip gradients, check the data, or pass "
                                  "on_nonfinite='skip' to skip such steps.")
+
+
+def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """`torch.nn.utils.get_total_norm(grads)` (the 2-norm of the per-tensor 2-norms), the same kernels
+    in the same order. When every gradient is a plain tensor of one device and dtype, as in one DDP
+    rank, that is one foreach norm and one vector norm; this path skips get_total_norm's grouping and
+    its per-tensor `.to(device)` calls, host work that grows with the number of parameters."""
+    first = grads[0]
+    if first.device.type not in _FOREACH_DEVICES or any(
+            type(g) is not torch.Tensor or g.device != first.device or g.dtype != first.dtype for g in grads):
+        return torch.nn.utils.get_total_norm(grads)
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
+
+
+_FOREACH_DEVICES = ("cpu", "cuda")
+
+
+def _loss_value(loss: torch.Tensor | None, norm: torch.Tensor) -> torch.Tensor:
+    """A scalar on the norm's device that is finite exactly when every element of `loss` is (no loss
+    counts as finite). A one-element loss is itself (a view: no device op)."""
+    if loss is None:
+        return torch.zeros((), dtype=norm.dtype, device=norm.device)
+    loss = loss.detach()
+    if loss.numel() != 1:
+        loss = (loss * 0).sum()  # finite * 0 is 0, inf or NaN * 0 is NaN; no overflow, unlike a plain sum
+    return loss.reshape(()).to(norm.device)

@@ -72,7 +72,7 @@ class _Closure:
             rank_zero_warn("`training_step` returned `None`, so this batch is skipped: no backward pass and no "
                            "optimizer update from it. Return the loss to train on it; skipping on purpose is fine.")
         if loss is not None:
-            loss = loss / trainer.accumulate_grad_batches
+            loss = _normalize(loss, trainer.accumulate_grad_batches)
             self.loss = loss.detach().clone()
         if self.zero_grad:
             callbacks.call("on_before_zero_grad", trainer, module, self.optimizer)
@@ -87,6 +87,13 @@ class _Closure:
             return {}
         extra = {k: v for k, v in self.output.items() if k != "loss"} if isinstance(self.output, Mapping) else {}
         return {"loss": self.loss, **extra}
+
+
+def _normalize(loss: torch.Tensor, accumulate_grad_batches: int) -> torch.Tensor:
+    """The loss of one micro-batch, divided by the accumulation window. Without accumulation the
+    division by 1 would change no value (x / 1 == x, NaN and -0.0 included) yet cost a device op
+    forward and another backward on every step, so the loss is used as it is."""
+    return loss if accumulate_grad_batches == 1 else loss / accumulate_grad_batches
 
 
 def backward(trainer: Any, module: nn.Module, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
