@@ -83,7 +83,8 @@ class NonFiniteWatch:
         grads_ok = finite[:, 0]
         row = grads_ok.to(torch.int64).argmin()  # the first bad row, when there is one
         step, epoch = self._run_start
-        now = torch.stack([row + step, torch.full_like(row, epoch), finite[row, 1].to(torch.int64)])
+        loss_ok = finite[:, 1].gather(0, row.reshape(1)).reshape(())  # not finite[row, 1]: that reads `row`
+        now = torch.stack([row + step, torch.full_like(row, epoch), loss_ok.to(torch.int64)])
         if self._first_bad is None:
             self._first_bad = torch.full((3,), _NONE, dtype=torch.int64, device=now.device)
         first_bad_here = grads_ok.logical_not().any() & (self._first_bad[0] == _NONE)

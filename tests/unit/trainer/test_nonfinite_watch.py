@@ -119,6 +119,17 @@ def test_a_step_costs_the_norm_and_one_write_with_no_host_read() -> None:
     assert _raised(watch) is None
 
 
+def test_folding_the_buffer_reads_nothing_on_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(nonfinite, "_ROWS", 4)
+    watch, mode = NonFiniteWatch(), _CountOps()
+    records = [(step, 0, NAN if step == 5 else 1.0, 0.5) for step in range(10)] + [(10, 1, 1.0, 0.5)]
+    with mode:  # folds: two full buffers, then a new epoch
+        _feed(watch, records)
+    assert mode.ops["_foreach_norm"] == 0 and mode.ops["argmin"] == 3
+    assert mode.ops["_local_scalar_dense"] == 0 and mode.ops["item"] == 0
+    assert _raised(watch) == "step 5, epoch 0 loss ok"
+
+
 def test_total_norm_is_get_total_norms_value() -> None:
     torch.manual_seed(0)
     same = [torch.randn(5, 7), torch.randn(3), torch.randn(11)]
