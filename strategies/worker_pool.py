@@ -31,7 +31,6 @@ import torch.distributed as dist
 from strategies.rank_zero import rank_prefixed_message
 from strategies.worker import STOP, Order, WorkerSpec, worker_main
 
-SHUTDOWN_TIMEOUT_S = 5  # SIGTERM -> SIGKILL grace for the surviving workers after a failure
 _STOP_WAIT_S = 10
 _EXIT_CODE_WAIT_S = 2  # for a worker whose pipe closed, until its exit code is known  # how long a told-to-stop worker may take to leave its process group
 # What the forkserver imports once, so that every worker forked from it starts with them imported.
@@ -162,18 +161,16 @@ class WorkerPool:
         self._resources.close()
 
     def _stop_processes(self, graceful: bool) -> None:
-        """Tell every worker to stop (when `graceful`), SIGTERM those still alive, then SIGKILL
-        those alive after the grace period."""
+        """Tell every worker to stop (when `graceful`) and wait a while, then SIGKILL those alive.
+
+        Not SIGTERM: while a stage runs, a worker takes SIGTERM as a preemption notice (it would
+        wait for a step boundary a failed group never reaches), and its default action never ran
+        Python's clean-up either; SIGKILL ends it as promptly and as cleanly."""
         if graceful:
             for connection in self._connections:
                 with contextlib.suppress(OSError):
                     connection.send_bytes(pickle.dumps(STOP))
             _wait_for_exit(self._processes, _STOP_WAIT_S)
-        for process in self._processes:
-            if process.is_alive():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(process.pid, signal.SIGTERM)
-        _wait_for_exit(self._processes, SHUTDOWN_TIMEOUT_S)
         for process in self._processes:
             if process.is_alive():
                 process.kill()

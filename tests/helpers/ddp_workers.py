@@ -165,8 +165,12 @@ def start_facts(strategy: DDPStrategy, variable: str) -> list[Any]:
 
 
 def stop_signal_handlers(strategy: DDPStrategy) -> list[Any]:
-    """Every rank's handler for the signals torch elastic stops workers with, by name."""
-    names = {signal.SIG_DFL: "default", signal.SIG_IGN: "ignored", signal.default_int_handler: "KeyboardInterrupt"}
+    """Every rank's handler for the signals torch elastic stops workers with, by name (while a stage
+    runs, the strategy's preemption signals are held as notices: strategies/preemption.py)."""
+    from strategies.preemption import _hold
+
+    names = {signal.SIG_DFL: "default", signal.SIG_IGN: "ignored", signal.default_int_handler: "KeyboardInterrupt",
+             _hold: "preemption notice"}
     mine: dict[str, Any] = {sig.name: names.get(signal.getsignal(sig), "other")
                             for sig in STOP_SIGNALS}
     mine["ppid"] = os.getppid()
