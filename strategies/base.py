@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import itertools
 import os
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
@@ -36,9 +35,8 @@ from torch.utils.data import DataLoader
 
 from strategies.checkpoint_io import CheckpointIO, TorchCheckpointIO
 from strategies.hang_guard import LEDGER
-from strategies.preemption import PreemptionPolicy, PreemptionWatch
+from strategies.preemption import PreemptionPolicy, PreemptionWatch, next_fit_key
 
-_FITS_IN_THIS_PROCESS = itertools.count(1)  # every rank counts its fits alike: a fresh agreement key each
 ReduceOp = Literal["mean", "sum", "max", "min"]
 ACCELERATORS = ("cpu", "cuda", "gpu", "auto")
 
@@ -163,8 +161,8 @@ class Strategy(abc.ABC):
     def preemption_watch(self) -> PreemptionWatch:
         """A fit's watch for preemption notices (strategies/preemption.py): enter it around the
         training loop, ask `due(steps)` at every step boundary. Every rank must open one per fit."""
-        key = f"ddp_trainer/preemption/restart-{self.restart_count}/fit-{next(_FITS_IN_THIS_PROCESS)}"
-        return PreemptionWatch(self.preemption, self.agreement_store(), key, self.global_rank)
+        return PreemptionWatch(self.preemption, self.agreement_store(), next_fit_key(self.restart_count),
+                               self.global_rank)
 
     def agreement_store(self) -> Any:
         """The key-value store every rank reaches (the rendezvous store), for agreements that must

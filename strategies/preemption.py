@@ -21,6 +21,7 @@ launching process (which forwards it to its workers). Three pieces turn it into 
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shutil
@@ -38,6 +39,13 @@ DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR1")  # Kubernetes / elastic / SLURM's end; 
 REQUEUE_CHOICES = ("auto", True, False)
 _UNCATCHABLE = ("SIGKILL", "SIGSTOP")
 _KEY_PREFIX = "ddp_trainer/preemption"
+_FITS_IN_THIS_PROCESS = itertools.count(1)  # every rank counts its fits alike
+
+
+def next_fit_key(restart_count: int) -> str:
+    """A store key for one fit's agreement, the same on every rank and new for each fit (a fit after a
+    preempted one must not read its stop step)."""
+    return f"{_KEY_PREFIX}/restart-{restart_count}/fit-{next(_FITS_IN_THIS_PROCESS)}"
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,8 @@ from strategies.autotune import AUTO
 from strategies.comm_hooks import CommHook
 from strategies.compile import split_lightning_compiled
 from strategies.ddp import broadcast_tensors, check_same_parameters
+from strategies.lightning.preemption import LightningPreemption
+from strategies.preemption import PreemptionPolicy
 from strategies.reducer import GradReducer
 from strategies.reducer_options import ReducerOptions
 
@@ -98,8 +100,10 @@ def build_strategy_class(base: type[Any], module: str) -> type[Any]:
     class LightningDDPStrategy(base):  # type: ignore[misc,valid-type]
         """Lightning's DDP strategy with our bucketed GradReducer instead of torch's DDP.
 
-        The first seven arguments are those of our `DDPStrategy`; the rest are Lightning's own.
-        Registered as "bucket_ddp" (subprocess launcher, like "ddp") and "bucket_ddp_spawn".
+        The first seven arguments are those of our `DDPStrategy`; the rest are Lightning's own, but
+        `preemption` (ours: strategies/lightning/preemption.py): a notice stops every rank after the
+        same batch with Lightning's SLURM checkpoint. Registered as "bucket_ddp" (subprocess launcher,
+        like "ddp") and "bucket_ddp_spawn".
         """
 
         def __init__(self, bucket_cap_mb: float | str = 25, first_bucket_cap_mb: float = 1,
@@ -109,7 +113,9 @@ def build_strategy_class(base: type[Any], module: str) -> type[Any]:
                      accelerator: Any = None, parallel_devices: list[torch.device] | None = None,
                      cluster_environment: Any = None, checkpoint_io: Any = None, precision_plugin: Any = None,
                      process_group_backend: str | None = None, timeout: timedelta | None = default_pg_timeout,
-                     start_method: str = "popen") -> None:
+                     start_method: str = "popen",
+                     preemption: PreemptionPolicy | dict[str, Any] | bool | None = None) -> None:
+            self.preemption = LightningPreemption(PreemptionPolicy.from_argument(preemption))
             self.reducer_options = ReducerOptions(bucket_cap_mb, first_bucket_cap_mb, gradient_as_bucket_view,
                                                   comm_hook, find_unused_parameters, broadcast_buffers, transport)
             if start_method not in START_METHODS:
@@ -154,7 +160,31 @@ def build_strategy_class(base: type[Any], module: str) -> type[Any]:
                 self.reduced_module.reducer.finish_backward()
 
         @override
+        def on_train_start(self) -> None:
+            super().on_train_start()
+            self.preemption.start(self.global_rank)
+
+        @override
+        def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+            super().on_train_batch_start(batch, batch_idx)
+            self.preemption.at_batch_start(self.lightning_module.trainer)
+
+        @override
+        def on_train_end(self) -> None:
+            self.preemption.stop()
+            super().on_train_end()
+
+        @override
+        def on_exception(self, exception: BaseException) -> None:
+            super().on_exception(exception)
+            module = self.lightning_module
+            if module is not None and module._trainer is not None:
+                self.preemption.on_exception(module.trainer, exception)
+            self.preemption.stop()
+
+        @override
         def teardown(self) -> None:
+            self.preemption.stop()
             reduced = self.reduced_module
             if reduced is not None:
                 reduced.remove()
