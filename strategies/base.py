@@ -162,7 +162,7 @@ class Strategy(abc.ABC):
         """A fit's watch for preemption notices (strategies/preemption.py): enter it around the
         training loop, ask `due(steps)` at every step boundary. Every rank must open one per fit."""
         return PreemptionWatch(self.preemption, self.agreement_store(), next_fit_key(self.restart_count),
-                               self.global_rank)
+                               self.global_rank, self.world_size)
 
     def agreement_store(self) -> Any:
         """The key-value store every rank reaches (the rendezvous store), for agreements that must

@@ -42,7 +42,8 @@ class LightningPreemption:
         store = dist.distributed_c10d._get_default_store() if dist.is_initialized() and dist.get_world_size() > 1 \
             else None
         restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
-        self.watch = PreemptionWatch(self.policy, store, next_fit_key(restarts), global_rank).__enter__()
+        world_size = dist.get_world_size() if dist.is_initialized() else 1
+        self.watch = PreemptionWatch(self.policy, store, next_fit_key(restarts), global_rank, world_size).__enter__()
 
     def at_batch_start(self, trainer: Any) -> None:
         """Every rank, every training batch: once the ranks agree, Lightning stops after this batch."""

@@ -8,7 +8,7 @@ import pytest
 import torch.distributed as dist
 
 from strategies import DDPStrategy, SingleDeviceStrategy
-from strategies.preemption import PreemptionPolicy, SignalFlag, StopAgreement, slurm_job_id
+from strategies.preemption import PreemptionPolicy, SignalFlag, StopAgreement, reads_every, slurm_job_id
 
 
 @pytest.mark.parametrize(("value", "message"), [
@@ -77,3 +77,13 @@ def test_one_process_stops_at_the_boundary_it_sees_the_notice() -> None:
     assert not alone.due(2)
     alone.flag.received = "SIGTERM"
     assert alone.due(3) and alone.stop_after == 3
+
+
+def test_a_large_job_reads_the_store_every_few_steps_and_still_agrees() -> None:
+    assert [reads_every(n) for n in (1, 2, 64, 65, 1024)] == [1, 1, 1, 2, 16]
+    rank0, rank1, _server = _ranks(2)
+    rank0.every = rank1.every = 4
+    rank1.flag.received = "SIGTERM"
+    assert not rank1.due(5) and rank1.stop_after == 8  # the next read step at or after 6
+    assert not rank0.due(5) and rank0.stop_after is None  # 5 is no read step: the store is not asked
+    assert not rank0.due(6) and not rank0.due(7) and rank0.due(8) and rank1.due(8)
