@@ -164,7 +164,6 @@ class Trainer:
         self.num_predict_batches: list[int | float] = []
         self.num_sanity_val_batches: list[int | float] = []
         self.ckpt_path: str | None = None
-        self.received_sigterm = False
         self.preemption_watch: Any = None  # while a fit runs: its PreemptionWatch (trainer/loops/preemption.py)
         self.preemption_mark: dict[str, Any] | None = None  # while the preemption checkpoint is built
         self.fit_started_at = 0.0  # time.monotonic() when training started (max_time counts from there)
@@ -365,6 +364,13 @@ class Trainer:
     @property
     def is_last_batch(self) -> bool:
         return self.loop_state.is_last_batch
+
+    @property
+    def received_sigterm(self) -> bool:
+        """Lightning's flag: this process received SIGTERM during the running fit (a preemption notice,
+        trainer/loops/preemption.py; with SIGTERM among the strategy's preemption signals)."""
+        watch = self.preemption_watch
+        return watch is not None and watch.flag.received == "SIGTERM"
 
     @property
     def interrupted(self) -> bool:

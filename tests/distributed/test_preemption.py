@@ -17,7 +17,7 @@ import torch
 from strategies import DDPStrategy
 from strategies.preemption import PREEMPTED_EXIT_CODE, Preempted
 from tests.helpers.models import DropoutRegressor, RegressionData
-from tests.helpers.preemption import NoticeAtStep, StuckAfterNotice
+from tests.helpers.preemption import NoticeAtStep, SeesSigterm, StuckAfterNotice
 from trainer import Trainer, seed_everything
 
 pytestmark = pytest.mark.timeout(240)
@@ -122,3 +122,17 @@ def test_no_checkpoint_within_the_grace_period_still_exits_75_in_time(tmp_path: 
     assert time.monotonic() - started < 3 + 20, "ended by the grace deadline, not the hang guard or a timeout"
     assert stopped.value.checkpoint_path is None and stopped.value.code == PREEMPTED_EXIT_CODE
     assert "no checkpoint written" in str(stopped.value) and not (tmp_path / "preempted.ckpt").exists()
+
+
+def test_one_process_stops_at_the_next_boundary_and_sets_lightnings_flag(tmp_path: Path) -> None:
+    """devices=1 (no store): the notice's own boundary is the stop; `trainer.received_sigterm` turns True."""
+    seed_everything(11)
+    seen = SeesSigterm()
+    trainer = Trainer(accelerator="cpu", devices=1, max_epochs=EPOCHS, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+                      callbacks=[seen])
+    with pytest.raises(Preempted) as stopped:
+        trainer.fit(NoticeAtStep(5, "rank0"), datamodule=RegressionData(batch_size=8, shuffle=True))
+    assert stopped.value.step == 6 and torch.load(tmp_path / "preempted.ckpt", weights_only=True)["global_step"] == 6
+    assert seen.seen == [False] * 5 + [True]
+    assert not trainer.received_sigterm, "only while a fit runs"

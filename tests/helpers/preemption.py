@@ -57,3 +57,13 @@ class StuckAfterNotice(NoticeAtStep):
         if self.global_step == self.step and self.global_rank == 1:
             time.sleep(120)
         return super().training_step(batch, batch_idx)
+
+
+class SeesSigterm(Callback):
+    """Records `trainer.received_sigterm` (Lightning's flag) at every batch end into `seen`."""
+
+    def __init__(self) -> None:
+        self.seen: list[bool] = []
+
+    def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.seen.append(trainer.received_sigterm)
