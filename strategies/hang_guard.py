@@ -150,6 +150,7 @@ class HangGuard:
         self._stop = threading.Event()
         self._last_beats: dict[int, tuple[int, float]] = {}  # peer -> (beat, when it last changed)
         self._suspect: str | None = None  # a mismatch seen once; confirmed if the next poll sees it again
+        self._reported: set[str] = set()  # the watchdog's own unexpected errors, printed once each
         self._thread = threading.Thread(target=self._run, name="ddp-trainer-hang-guard", daemon=True)
 
     def start(self) -> HangGuard:
@@ -185,9 +186,25 @@ class HangGuard:
                     verdict = self._diagnose(mine, self._read_peers())
                     if verdict is not None:
                         self._end_job(verdict)
-            except Exception:  # noqa: BLE001 - the store went away with the job; the guard has no say then
+            except (dist.DistError, ConnectionError):  # the store went away with the job: no say then
                 if self._stop.is_set():
                     return
+            except Exception as error:  # noqa: BLE001 - a bug here must not silently switch the guard off
+                if self._stop.is_set():
+                    return
+                self._report_own_failure(error)
+
+    def _report_own_failure(self, error: Exception) -> None:
+        """Print the watchdog's own unexpected error (once per kind: it polls every second) and keep
+        watching; the job goes on, but the user learns its hang protection may be impaired."""
+        kind = f"{type(error).__name__}: {error}"
+        if kind in self._reported:
+            return
+        self._reported.add(kind)
+        details = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+        print(rank_prefixed_message(f"hang guard: unexpected error in its watchdog (it keeps running, but may not "
+                                    f"detect a hang while this recurs):\n{details}", self.rank),
+              file=sys.stderr, flush=True)
 
     def _publish(self, done: bool = False) -> None:
         self._beat += 1

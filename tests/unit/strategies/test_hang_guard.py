@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import pytest
@@ -86,3 +87,24 @@ def test_stall_timeout_must_be_positive_seconds(value: object, error: type[Excep
 def test_debug_collectives_must_be_a_bool() -> None:
     with pytest.raises(TypeError, match="debug_collectives"):
         DDPStrategy(debug_collectives="yes")  # type: ignore[arg-type]
+
+
+def test_an_unexpected_error_in_the_watchdog_is_printed_once_and_it_keeps_watching(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    guard = HangGuard(dist.HashStore(), rank=1, world_size=2, stall_timeout=20.0, poll_s=0.01)
+    polls: list[int] = []
+
+    def broken_publish(done: bool = False) -> None:
+        polls.append(1)
+        raise KeyError("a bug in the diagnosis")
+
+    monkeypatch.setattr(guard, "_publish", broken_publish)
+    guard._thread.start()
+    deadline = time.monotonic() + 5
+    while len(polls) < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    guard._stop_thread()
+    err = capsys.readouterr().err
+    assert len(polls) >= 5, "the watchdog went on polling after the error"
+    assert err.count("hang guard: unexpected error in its watchdog") == 1 and "a bug in the diagnosis" in err
+    assert "[rank: 1]" in err or "rank 1" in err
