@@ -250,6 +250,15 @@ class Strategy(abc.ABC):
             self.checkpoint_io.remove(path)
         self.barrier("remove_checkpoint")
 
+    # ------------------------------------------------------------------ state in checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed fit needs from this strategy to behave alike (saved in every full checkpoint;
+        none by default)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take back `state_dict()` from a checkpoint, after `setup_module`."""
+
     # ------------------------------------------------------------------ reporting
     def summary(self) -> dict[str, Any]:
         """Facts worth logging about the strategy (bucket plan, overlap, ...)."""

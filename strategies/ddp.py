@@ -324,6 +324,7 @@ class DDPStrategy(Strategy):
         return dist.distributed_c10d._get_default_store()
 
     # ------------------------------------------------------------------ state in checkpoints
+    @override
     def state_dict(self) -> dict[str, Any]:
         """What a resume needs to behave alike: the bucket cap "auto" settled on (None before)."""
         tuned = None
@@ -332,6 +333,7 @@ class DDPStrategy(Strategy):
             tuned = autotune["chosen_mb"] if autotune else None
         return {"bucket_cap_mb": self.bucket_cap_mb, "tuned_bucket_cap_mb": tuned}
 
+    @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Reuse a checkpoint's tuned bucket cap (only with bucket_cap_mb="auto"; a number wins)."""
         tuned = state.get("tuned_bucket_cap_mb")

@@ -46,6 +46,7 @@ def build_checkpoint(trainer: Any, module: Any, weights_only: bool = False) -> d
         checkpoint["optimizer_states"] = [optimizer.state_dict() for optimizer in trainer.optimizers]
         checkpoint["lr_schedulers"] = [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs]
         ours["metrics"] = trainer.metric_store.state_dict()
+        ours["strategy"] = trainer.strategy.state_dict()  # e.g. the bucket cap "auto" settled on
         ours["rng_states"] = _rng_as(torch.float64, gather_rng_states(trainer.strategy.all_gather,
                                                                       trainer.strategy.root_device.type))
         precision = trainer.precision_plugin.state_dict()
@@ -169,6 +170,7 @@ def restore_training_state(trainer: Any, module: Any, checkpoint: dict[str, Any]
         config.scheduler.load_state_dict(state)
     trainer.precision_plugin.load_state_dict(checkpoint.get(_PRECISION_KEY, checkpoint.get("precision", {})))
     trainer.metric_store.load_state_dict(_saved(checkpoint, "metrics", {}))
+    trainer.strategy.load_state_dict(_saved(checkpoint, "strategy", {}))
     trainer.loop_state.load_state_dict(_loop_position(checkpoint, trainer.accumulate_grad_batches))
     _check_not_past_max_epochs(trainer, path)
     trainer.loop_state.loader_states_to_restore = saved_loader_states(checkpoint)

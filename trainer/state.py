@@ -39,8 +39,6 @@ class LoopState:
     global_step: int = 0
     batch_in_epoch: int = 0
     should_stop: bool = False
-    stage: str | None = None
-    epoch_finished: bool = False
     # Samples of `current_epoch` consumed by all ranks together, in the sampler's global order,
     # and the number of processes that consumed them: a resume on another number of processes
     # continues the same sample stream from there (see fit_loop._continue_sample_stream).
@@ -81,7 +79,7 @@ class LoopState:
         return self.fit_validation if in_fit else self.stage_counts.setdefault(stage, EvalCount())
 
     def state_dict(self) -> dict[str, Any]:
-        transient = ("stage", "should_stop", "rng_to_restore", "loader_states_to_restore", "resume_sample_offset",
+        transient = ("should_stop", "rng_to_restore", "loader_states_to_restore", "resume_sample_offset",
                      "is_last_batch", "train_loader_epoch", "validated_in_fit", "step_in_flight",
                      "resumed_in_batch_end")
         state = {k: v for k, v in asdict(self).items() if k not in transient}
@@ -89,7 +87,7 @@ class LoopState:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for key in ("current_epoch", "global_step", "batch_in_epoch", "epoch_finished", "samples_in_epoch",
+        for key in ("current_epoch", "global_step", "batch_in_epoch", "samples_in_epoch",
                     "world_size", "stepped_batches", "scheduler_steps", "scheduler_steps_in_epoch"):
             if key in state:
                 setattr(self, key, state[key])
@@ -128,10 +126,3 @@ class TrainerStatus:
     def __setattr__(self, name: str, value: object) -> None:
         super().__setattr__(name, _named(value) if isinstance(value, str) else value)
 
-    @property
-    def finished(self) -> bool:
-        return self.status == "finished"
-
-    @property
-    def stopped(self) -> bool:
-        return self.status in ("finished", "interrupted")

@@ -4,6 +4,7 @@ and the pick carried through DDPStrategy.state_dict()."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -157,3 +158,24 @@ def test_ranks_agree_on_the_cap_the_slowest_rank_prefers() -> None:
         assert result["identical"]
     assert rank0["summary"]["autotune"]["step_ms"] == rank1["summary"]["autotune"]["step_ms"]
     assert rank0["summary"]["bucket_param_indices"] == rank1["summary"]["bucket_param_indices"]
+
+
+def test_the_tuned_cap_travels_in_the_checkpoint_and_a_resume_adopts_it(tmp_path: Path) -> None:
+    """`bucket_cap_mb="auto"` measures during the first steps; the pick is saved in every full
+    checkpoint (loops.ddp_trainer.strategy) and a resumed fit adopts it instead of measuring again."""
+    from tests.helpers.models import RegressionData, TinyRegressor
+    from trainer import Trainer
+
+    def fit(max_epochs: int, ckpt_path: str | None) -> tuple[DDPStrategy, Trainer]:
+        strategy = DDPStrategy(bucket_cap_mb="auto", accelerator="cpu")
+        trainer = Trainer(accelerator="cpu", devices=1, strategy=strategy, max_epochs=max_epochs, logger=False,
+                          enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+        trainer.fit(TinyRegressor(), datamodule=RegressionData(n=256, batch_size=8), ckpt_path=ckpt_path)
+        return strategy, trainer
+
+    first, trainer = fit(max_epochs=1, ckpt_path=None)
+    path = trainer.checkpoint_callback.best_model_path
+    tuned = torch.load(path, weights_only=True)["loops"]["ddp_trainer"]["strategy"]
+    assert tuned["bucket_cap_mb"] == "auto" and tuned["tuned_bucket_cap_mb"] > 0
+    resumed, _ = fit(max_epochs=2, ckpt_path=path)
+    assert resumed._tuned_bucket_cap_mb == tuned["tuned_bucket_cap_mb"]
