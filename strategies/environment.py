@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import torch
 from typing_extensions import override
 
+from strategies.rank_zero import rank_prefixed_message
+
 # Set by our launcher inside each worker it starts, so the worker knows the torch-elastic
 # variables it sees came from us and not from an outside torchrun.
 LOCAL_LAUNCH_MARKER = "DDP_TRAINER_LOCAL_WORKER"
@@ -280,8 +282,6 @@ def check_launch_matches(environment: ClusterEnvironment, devices: int, num_node
     if accelerator == "cuda":
         problems += _device_problems(environment, shape, devices)
     if problems:
-        from strategies.rank_zero import rank_prefixed_message
-
         raise ValueError(rank_prefixed_message(
             "; ".join(problems) + ". Trainer(devices=..., num_nodes=...) must describe the launch: processes per "
             "node and nodes (checked before the process group starts, where a mismatch would hang).",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -43,6 +44,4 @@ def rank_zero_info(message: str) -> None:
 
 @rank_zero_only
 def rank_zero_warn(message: str) -> None:
-    import warnings
-
     warnings.warn(message, stacklevel=3)

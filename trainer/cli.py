@@ -14,7 +14,6 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, NoReturn
 
 import hydra
@@ -30,21 +29,12 @@ from trainer import Trainer, seed_everything
 from trainer.cli_errors import describe_error
 from strategies.launcher import WorkerFailedError
 from strategies.preemption import PREEMPTED_EXIT_CODE, Preempted
-from trainer.config import ConfigError, normalize_precision, validate
+from trainer.config import ConfigError, config_dir, normalize_precision, validate
 from trainer.loggers import TensorBoardLogger
 
 PROG = "ddp-train"
 EXIT_CONFIG_ERROR = 2
 EXIT_WORKER_FAILED = 1
-
-
-def config_dir() -> str:
-    """`conf/`: shipped inside the package as `trainer/conf` (a link to the top-level `conf/`
-    in a source checkout, real files in a wheel); the checkout's `conf/` if the link is missing."""
-    packaged = Path(__file__).resolve().parent / "conf"
-    if (packaged / "config.yaml").is_file():
-        return str(packaged)
-    return str(Path(__file__).resolve().parent.parent / "conf")
 
 
 _user_full_error = False  # HYDRA_FULL_ERROR=1 as the user set it (main() sets it for Hydra)

@@ -11,9 +11,13 @@ import dataclasses
 import re
 from typing import Any
 
+from hydra import initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import InstantiationException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from trainer.config import config_dir
 
 SCHEMA_PREFIX = "base_"  # ConfigStore schemas (trainer/config.py) are not choices a user makes
 
@@ -49,11 +53,6 @@ def _missing_config(error: MissingConfigException) -> str:
 def _group_options(group: str) -> list[str]:
     """The choices Hydra sees for `group` (Hydra leaves them out of some errors). Hydra has
     torn down its state when the error reaches us, so look in the package's `conf/` again."""
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from trainer.cli import config_dir
-
     try:
         if GlobalHydra.instance().is_initialized():
             return sorted(GlobalHydra.instance().config_loader().get_group_options(group))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -208,6 +209,15 @@ SCHEMAS: dict[tuple[str, str], type] = {
     ("model", "base_mlp_regressor"): MLPRegressorConfig,
     ("model", "base_char_gpt"): CharGPTConfig,
 }
+
+
+def config_dir() -> str:
+    """`conf/`: shipped inside the package as `trainer/conf` (a link to the top-level `conf/`
+    in a source checkout, real files in a wheel); the checkout's `conf/` if the link is missing."""
+    packaged = Path(__file__).resolve().parent / "conf"
+    if (packaged / "config.yaml").is_file():
+        return str(packaged)
+    return str(Path(__file__).resolve().parent.parent / "conf")
 
 
 def register_configs() -> None:

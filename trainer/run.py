@@ -29,6 +29,7 @@ from trainer.loops.training_step import backward
 from trainer.module_adapter import attach, automatic_optimization, check_module, detach
 from trainer.optimizers import ManualOptimizer, NoOptimizer, check_schedulers, init_optimizers
 from trainer.seed import SEED_ENV, seed_everything
+from trainer.stage_result import StageResult
 from trainer.validation import apply_backend_flags
 
 _DATA_STAGE = {"validate": "validate", "test": "test", "predict": "predict"}
@@ -36,8 +37,6 @@ _RUNNING_STAGE = {"fit": "train", "validate": "validate", "test": "test", "predi
 
 
 def run_stage(trainer: Any, stage: str, model: nn.Module, data: dict[str, Any]) -> Any:
-    from trainer.trainer import StageResult
-
     check_module(model, stage)
     launcher_pid = data.pop("launcher_pid", None)
     if launcher_pid != os.getpid():

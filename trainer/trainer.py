@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -32,24 +31,9 @@ from trainer.precision import Precision, normalize_precision
 from trainer.loops.fit_loop import effective_max_epochs, settle_max_epochs
 from trainer.loops.nonfinite import NonFiniteWatch
 from trainer.run import run_stage
+from trainer.stage_result import StageResult
 from trainer.state import LoopState, TrainerStatus
 from trainer.validation import apply_backend_flags, defaults_from_env, resolve_trainer_args
-
-
-@dataclass
-class StageResult:
-    """What global rank 0 sends back to the launching process after a stage."""
-
-    pid: int
-    output: Any = None
-    state_dict: dict[str, Any] = field(default_factory=dict)
-    loop_state: dict[str, Any] = field(default_factory=dict)
-    callback_states: dict[str, Any] = field(default_factory=dict)
-    callback_metrics: dict[str, Any] = field(default_factory=dict)
-    logged_metrics: dict[str, float] = field(default_factory=dict)
-    progress_bar_metrics: dict[str, float] = field(default_factory=dict)
-    ckpt_path: str | None = None
-    interrupted: bool = False
 
 
 class Trainer:

@@ -122,8 +122,6 @@ def stop_together(strategy: Any, loader: Iterable[Any]) -> Iterator[Any]:
 
 def _batch_size(batch: Any) -> int | None:
     """Lightning's inference: the length of the first tensor found in the batch."""
-    import torch
-
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.dim() else 1
     if isinstance(batch, dict):
