@@ -162,7 +162,13 @@ class Strategy(abc.ABC):
         """A fit's watch for preemption notices (strategies/preemption.py): enter it around the
         training loop, ask `due(steps)` at every step boundary. Every rank must open one per fit."""
         return PreemptionWatch(self.preemption, self.agreement_store(), next_fit_key(self.restart_count),
-                               self.global_rank, self.world_size)
+                               self.global_rank, self.world_size, meet=lambda: self.barrier("preemption agreement"),
+                               syncs=self.completed_gradient_syncs)
+
+    def completed_gradient_syncs(self) -> int:
+        """Synchronised backward passes so far in this process (every rank took part in each): a
+        step without one gave no rank a reason to wait for the others (none by default)."""
+        return 0
 
     def agreement_store(self) -> Any:
         """The key-value store every rank reaches (the rendezvous store), for agreements that must

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import errno
 import os
 import pickle
 import tempfile
@@ -40,9 +41,11 @@ class TorchCheckpointIO(CheckpointIO):
 
     def save(self, checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> None:
         target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        tmp_name: str | None = None
         try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            _remove_stale_temp_files(target)
+            fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
             with os.fdopen(fd, "wb") as handle:
                 torch.save(checkpoint, handle)
                 handle.flush()
@@ -50,16 +53,16 @@ class TorchCheckpointIO(CheckpointIO):
             os.replace(tmp_name, target)
             _fsync_directory(target.parent)
         except (OSError, RuntimeError) as error:
-            Path(tmp_name).unlink(missing_ok=True)
+            _discard(tmp_name)
             cause = _os_error_in(error)
             if cause is None:
                 raise
-            # A full disk (ENOSPC), a quota, a file-size limit, a vanished mount: say so; the old file stays.
+            # A full disk, a quota, a read-only or vanished mount: say so; the old file stays.
             kept = "the previous file is unchanged" if target.exists() else "no earlier file existed"
             raise CheckpointError(f"Could not write checkpoint {str(target)!r}: {cause.strerror or cause} "
-                                  f"(errno {cause.errno}); {kept}. Free space or choose another directory.") from error
+                                  f"(errno {cause.errno}); {kept}. {_advice(cause.errno)}") from error
         except BaseException:
-            Path(tmp_name).unlink(missing_ok=True)
+            _discard(tmp_name)
             raise
 
     def load(self, path: str | os.PathLike[str], map_location: Any = None) -> dict[str, Any]:
@@ -82,6 +85,26 @@ class TorchCheckpointIO(CheckpointIO):
                 f"Checkpoint {str(source)!r} holds a {type(checkpoint).__name__}, expected a dict."
             )
         return checkpoint
+
+
+def _remove_stale_temp_files(target: Path) -> None:
+    """Temporary files of earlier writes of `target` that were killed mid-write (only this rank writes
+    `target`, and not twice at once): each is as large as a checkpoint."""
+    for stale in target.parent.glob(f".{target.name}.*.tmp"):
+        stale.unlink(missing_ok=True)
+
+
+def _discard(tmp_name: str | None) -> None:
+    if tmp_name is not None:
+        Path(tmp_name).unlink(missing_ok=True)
+
+
+def _advice(code: int | None) -> str:
+    if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return "Free space (or raise the quota or file-size limit), or choose another directory."
+    if code in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "Make the directory writable, or choose another directory."
+    return "Check the directory and its file system, or choose another directory."
 
 
 def _os_error_in(error: BaseException) -> OSError | None:

@@ -318,6 +318,10 @@ class DDPStrategy(Strategy):
                 dist.barrier()
 
     @override
+    def completed_gradient_syncs(self) -> int:
+        return self._reducer.completed_syncs if self._reducer is not None else 0
+
+    @override
     def agreement_store(self) -> Any:
         if not dist.is_initialized() or dist.get_world_size() < 2:
             return None

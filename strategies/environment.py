@@ -31,7 +31,7 @@ from strategies.rank_zero import rank_prefixed_message
 LOCAL_LAUNCH_MARKER = "DDP_TRAINER_LOCAL_WORKER"
 
 _TORCHELASTIC_REQUIRED = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
-_SLURM_INTERACTIVE_JOB_NAMES = ("bash", "interactive")
+SLURM_INTERACTIVE_JOB_NAMES = ("bash", "interactive")
 
 
 def _env_int(key: str, default: int | None = None) -> int:
@@ -195,7 +195,7 @@ class SLURMEnvironment(ClusterEnvironment):
     def detect(cls) -> bool:
         if "SLURM_PROCID" not in os.environ:
             return False
-        if os.environ.get("SLURM_JOB_NAME") in _SLURM_INTERACTIVE_JOB_NAMES:
+        if os.environ.get("SLURM_JOB_NAME") in SLURM_INTERACTIVE_JOB_NAMES:
             return False
         return _env_int("SLURM_NTASKS", 1) > 1
 

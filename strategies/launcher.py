@@ -75,10 +75,7 @@ def launch(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...], kw
                                                    notice_signals=policy.signals))
             except WorkerFailedError as failure:
                 _ActivePool.pool = _ActivePool.owner = None  # the pool closed itself
-                if notice.received and failure.exitcode == PREEMPTED_EXIT_CODE:
-                    raise Preempted(None, notice.received, None) from failure  # out of grace before a checkpoint
-                if restart == max_restarts:
-                    raise
+                _after_failure(failure, notice, last_attempt=restart == max_restarts)
                 warnings.warn(f"restarting the workers ({restart + 1} of {max_restarts}) after: {failure}",
                               RuntimeWarning, stacklevel=2)
                 continue
@@ -88,14 +85,28 @@ def launch(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...], kw
                 warnings.warn(f"restarting the workers ({restart + 1} of {max_restarts}) after a worker was {result}",
                               RuntimeWarning, stacklevel=2)
                 continue
-            if notice.received:  # it came during a stage with no training to checkpoint (validate, test, ...)
-                raise Preempted(None, notice.received, None)
+            if notice.received:  # after the last step boundary, or in a stage without training: nothing to stop
+                warnings.warn(f"{notice.received} (a preemption notice) came while the stage was ending or had no "
+                              "training to checkpoint; the stage completed and the script goes on until the "
+                              "scheduler stops it.", RuntimeWarning, stacklevel=2)
             return result
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 class _Notice:
     received: str | None = None
+
+
+def _after_failure(failure: WorkerFailedError, notice: _Notice, last_attempt: bool) -> None:
+    """Raise what a failed stage ends as; return when the workers should be restarted. With a notice
+    to the launching process the job is going away: no restart. A worker that ended with the preemption
+    code ran out of its grace period before a checkpoint."""
+    if notice.received:
+        raise Preempted(None, notice.received, None) from failure
+    if last_attempt and failure.exitcode == PREEMPTED_EXIT_CODE:
+        raise Preempted(None, "a preemption signal", None) from failure
+    if last_attempt:
+        raise failure
 
 
 @contextlib.contextmanager

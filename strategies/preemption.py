@@ -4,37 +4,25 @@ step boundary every rank agrees on, then a distinct exit (and, on SLURM, a reque
 Schedulers warn before they take the machines away: SLURM sends SIGUSR1 (`--signal`) or SIGTERM before
 a preemption or the time limit, Kubernetes and spot instances SIGTERM with a grace period, torch
 elastic SIGTERM when it scales down. The notice may reach every rank, one rank, or only the
-launching process (which forwards it to its workers). Three pieces turn it into a checkpoint:
-
-* `SignalFlag` (per process): the handler only records the signal; the training loop acts on it
-  at its next step boundary, where no collective is half-issued.
-* `StopAgreement` (per fit): ranks learn of the notice at different moments, yet must all stop
-  after the same optimizer step. A rank that holds a notice at step boundary `c` publishes
-  "stop after step c+1" in the rendezvous store (first writer wins); every rank reads that key at
-  each boundary. No rank can have passed boundary c+1 when the key is written, since step c+1's
-  gradient all-reduce needs the writer's contribution, which comes after the write. So every
-  rank sees the same stop step before it reaches it.
-* `GraceDeadline`: if the agreed checkpoint cannot be written in time (a rank stuck in its own
-  code), the process requeues (rank 0 on SLURM) and exits with the preemption code before the
-  scheduler's SIGKILL, leaving the previous checkpoint as the resume point.
+launching process (which forwards it to its workers). This module holds what a strategy is
+configured with (`PreemptionPolicy`), what a fit holds (`PreemptionWatch`) and what every rank
+raises at the end (`Preempted`); the pieces are `notice_signals` (catching the signal, the grace
+deadline), `stop_agreement` (the step every rank stops after) and `slurm_requeue`.
 """
 
 from __future__ import annotations
 
 import itertools
-import os
-import re
-import shutil
 import signal
-import subprocess
-import sys
-import threading
-import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-PREEMPTED_EXIT_CODE = 75  # sysexits' EX_TEMPFAIL: "try again later", which is what a requeue does
+from strategies.notice_signals import EXIT_CODE, GraceDeadline, SignalFlag
+from strategies.slurm_requeue import requeue_slurm_job, slurm_job_id
+from strategies.stop_agreement import StopAgreement, reads_every
+
+PREEMPTED_EXIT_CODE = EXIT_CODE  # sysexits' EX_TEMPFAIL: "try again later", which is what a requeue does
 DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR1")  # Kubernetes / elastic / SLURM's end; SLURM's --signal
 REQUEUE_CHOICES = ("auto", True, False)
 _UNCATCHABLE = ("SIGKILL", "SIGSTOP")
@@ -142,202 +130,27 @@ class Preempted(SystemExit):
         return f"preempted by {self.signal_name}{where}: {saved}{requeue}"
 
 
-_HELD_NOTICES: list[str] = []  # notices a worker received before its fit's watch was installed
-
-
-def hold_notices(signals: tuple[str, ...]) -> Any:
-    """In a worker, from the moment a stage arrives: record notices instead of dying of them, so one
-    forwarded while the stage sets up is not lost (the fit's `SignalFlag` takes it over). Returns
-    the function that puts the previous handlers back and forgets what was held."""
-    if not signals or threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    _HELD_NOTICES.clear()
-    previous = {number: signal.signal(number, _hold) for number in (signal.Signals[name] for name in signals)}
-
-    def release() -> None:
-        for number, handler in previous.items():
-            signal.signal(number, handler if handler is not None else signal.SIG_DFL)
-        _HELD_NOTICES.clear()
-
-    return release
-
-
-def _hold(signum: int, frame: Any) -> None:
-    _HELD_NOTICES.append(signal.Signals(signum).name)
-
-
-class SignalFlag:
-    """Records the first preemption signal this process receives, between `install` and `uninstall`.
-
-    The handler only sets fields (no I/O, no collective): the loop acts at its next step boundary.
-    Handlers can be set from the main thread only; elsewhere (a fit run in a thread) nothing is
-    installed and a notice cannot be caught, which `installed` tells.
-    """
-
-    def __init__(self, policy: PreemptionPolicy) -> None:
-        self.policy = policy
-        self.received: str | None = None
-        self.received_at: float | None = None
-        self.installed = False
-        self._previous: dict[signal.Signals, Any] = {}
-        self.on_first_signal: Any = None  # called once, from the handler (arms the grace deadline)
-
-    def install(self) -> SignalFlag:
-        if not self.policy.enabled or threading.current_thread() is not threading.main_thread():
-            return self
-        for number in self.policy.signal_numbers():
-            self._previous[number] = signal.signal(number, self._handle)
-        self.installed = True
-        held = [name for name in _HELD_NOTICES if name in self.policy.signals]
-        if held:  # it came while this worker was still setting up the stage
-            self._record(held[0])
-        return self
-
-    def uninstall(self) -> None:
-        for number, previous in self._previous.items():
-            signal.signal(number, previous if previous is not None else signal.SIG_DFL)
-        self._previous.clear()
-        self.installed = False
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self._record(signal.Signals(signum).name)
-
-    def _record(self, name: str) -> None:
-        if self.received is not None:
-            return
-        self.received, self.received_at = name, time.monotonic()
-        print(f"[rank {os.environ.get('RANK', '0')}] {self.received} received: checkpointing at the next step "
-              "boundary, then exiting (preemption).", file=sys.stderr, flush=True)
-        if self.on_first_signal is not None:
-            self.on_first_signal()
-
-
-@dataclass
-class StopAgreement:
-    """Which step every rank stops after; see the module docstring for why it is safe.
-
-    `store` is the process group's rendezvous store (None for one process: the local flag is the
-    decision). `key` must be the same on every rank and new for each fit. `every`: ranks read the
-    key only after every `every`-th step, and a notice names the next such step (still at least
-    c+1): so one store serves a large job (`reads_every`) at the price of a few steps' delay.
-    """
-
-    flag: SignalFlag
-    store: Any = None
-    key: str = f"{_KEY_PREFIX}/stop_after"
-    every: int = 1
-    stop_after: int | None = None
-    signal_name: str | None = None
-    _published: bool = field(default=False, repr=False)
-
-    def due(self, stepped: int) -> bool:
-        """Called by every rank at every step boundary (after `stepped` optimizer steps, the same
-        sequence on every rank): whether to stop here."""
-        if self.stop_after is None:
-            self._learn(stepped)
-        return self.stop_after is not None and stepped >= self.stop_after
-
-    def _learn(self, stepped: int) -> None:
-        if self.store is None:
-            if self.flag.received is not None:
-                self.stop_after, self.signal_name = stepped, self.flag.received
-            return
-        if self.flag.received is not None and not self._published:
-            stop_after = -(-(stepped + 1) // self.every) * self.every  # the first read step >= stepped + 1
-            self._adopt(self.store.compare_set(self.key, "", f"{stop_after}:{self.flag.received}"))
-            self._published = True
-        elif stepped % self.every == 0 and self.store.check([self.key]):
-            self._adopt(self.store.get(self.key))
-
-    def _adopt(self, raw: bytes) -> None:
-        step, _, name = raw.decode().partition(":")
-        self.stop_after, self.signal_name = int(step), name
-
-
-class GraceDeadline:
-    """After the notice, wait `grace_period_s` for the checkpoint; then requeue (if due) and exit.
-
-    A daemon timer: the main thread may be stuck where no Python runs (a collective whose peer is
-    gone), so only a thread can still end the process before the scheduler's SIGKILL."""
-
-    def __init__(self, policy: PreemptionPolicy, global_rank: int) -> None:
-        self.policy, self.global_rank = policy, global_rank
-        self._timer: threading.Timer | None = None
-
-    def arm(self) -> None:
-        if self._timer is None:
-            self._timer = threading.Timer(self.policy.grace_period_s, self._expire)
-            self._timer.daemon = True
-            self._timer.start()
-
-    def disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _expire(self) -> None:
-        requeued = self.global_rank == 0 and self.policy.should_requeue() and requeue_slurm_job()
-        print(f"[rank {self.global_rank}] preemption: no checkpoint within the grace period of "
-              f"{self.policy.grace_period_s:g} s; exiting with code {PREEMPTED_EXIT_CODE} "
-              f"{'after requeueing the job ' if requeued else ''}(the newest earlier checkpoint is the resume point).",
-              file=sys.stderr, flush=True)
-        os._exit(PREEMPTED_EXIT_CODE)
-
-
-def reads_every(world_size: int) -> int:
-    """How many steps apart every rank reads the agreement key: each step up to 64 ranks (about
-    50 us of loopback round trip each), so the rendezvous store answers at most ~64 reads per step
-    whatever the job's size; a 1024-rank job reads every 16 steps."""
-    return max(1, -(-world_size // _READERS_PER_STEP))
-
-
-_READERS_PER_STEP = 64
-
-
-def slurm_job_id() -> str | None:
-    """The id `scontrol requeue` takes: an array task's "<array job>_<task>", else the job's."""
-    array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
-    if array_job and task:
-        return f"{array_job}_{task}"
-    return os.environ.get("SLURM_JOB_ID") or None
-
-
-def requeue_slurm_job() -> bool:
-    """`scontrol requeue <job>`; True when it succeeded. A failure is reported, not raised: the
-    checkpoint is written either way, and the job can be resubmitted by hand."""
-    job_id = slurm_job_id()
-    if job_id is None or not re.fullmatch(r"[0-9_]+", job_id):
-        print(f"preemption: cannot requeue: SLURM job id {job_id!r} is missing or malformed.", file=sys.stderr)
-        return False
-    if shutil.which("scontrol") is None:
-        print("preemption: cannot requeue: `scontrol` is not on PATH.", file=sys.stderr)
-        return False
-    try:
-        result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as error:
-        print(f"preemption: `scontrol requeue {job_id}` failed: {error}", file=sys.stderr)
-        return False
-    if result.returncode != 0:
-        print(f"preemption: `scontrol requeue {job_id}` exited {result.returncode}: {result.stderr.strip()}",
-              file=sys.stderr)
-        return False
-    print(f"preemption: SLURM job {job_id} requeued.", file=sys.stderr, flush=True)
-    return True
-
-
 class PreemptionWatch:
-    """What one fit holds: the signal flag (installed while the fit runs), the agreement on the
-    stop step and the grace deadline the first signal arms. Use as a context manager."""
+    """What one fit holds: the signal flag (installed while the fit runs), the agreement on the stop
+    step, and the grace deadline that a notice (received, or learned from another rank) arms.
 
-    def __init__(self, policy: PreemptionPolicy, store: Any, key: str, global_rank: int, world_size: int = 1) -> None:
+    `meet` is a barrier and `syncs` counts the synchronised backward passes so far: a step boundary
+    reached without one since the previous is preceded by `meet()` on every rank, which the
+    agreement's proof needs (strategies/stop_agreement.py). Use as a context manager."""
+
+    def __init__(self, policy: PreemptionPolicy, store: Any, key: str, global_rank: int, world_size: int = 1,
+                 meet: Callable[[], None] | None = None, syncs: Callable[[], int] | None = None) -> None:
         self.policy, self.global_rank = policy, global_rank
-        self.flag = SignalFlag(policy)
-        self.agreement = StopAgreement(self.flag, store, key, every=reads_every(world_size))
-        self.deadline = GraceDeadline(policy, global_rank)
-        self.flag.on_first_signal = self.deadline.arm
+        self.deadline = GraceDeadline(policy.grace_period_s, policy.should_requeue(), global_rank)
+        self.flag = SignalFlag(policy.signals, on_first=self.deadline.arm)
+        self.agreement = StopAgreement(store, key, global_rank, reads_every(world_size))
+        self._meet = meet or (lambda: None)
+        self._syncs = syncs or (lambda: 0)
+        self._syncs_seen = 0
 
     def __enter__(self) -> PreemptionWatch:
         self.flag.install()
+        self._syncs_seen = self._syncs()
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -345,12 +158,27 @@ class PreemptionWatch:
         self.deadline.disarm()
 
     def due(self, stepped: int) -> bool:
-        """Whether every rank stops after `stepped` optimizer steps (call at every step boundary)."""
-        return self.policy.enabled and self.agreement.due(stepped)
+        """Whether every rank stops at this boundary, after `stepped` optimizer steps. Every rank
+        calls it at every boundary where it could stop, in the same sequence."""
+        if not self.policy.enabled:
+            return False
+        if self.agreement.store is not None:
+            syncs = self._syncs()
+            if syncs == self._syncs_seen:
+                self._meet()  # no all-reduce since the last boundary: meet here instead
+            self._syncs_seen = syncs
+        due = self.agreement.due(stepped, self.flag.received)
+        if self.agreement.stop_after is not None:
+            self.deadline.arm()  # also on ranks that only learned of it: each must end in time
+        return due
+
+    @property
+    def signal_name(self) -> str:
+        return self.agreement.signal_name or self.flag.received or "a preemption signal"
 
     def stopped(self, step: int, checkpoint_path: str | None) -> Preempted:
-        """The checkpoint is on disk (every rank passed its barrier): requeue from rank 0 when due,
-        stop the deadline, and return the exception every rank raises."""
+        """The stop step is reached and the checkpoint written (or not: `checkpoint_path` None): requeue
+        from rank 0 when due, stop the deadline, and return the exception every rank raises."""
         self.deadline.disarm()
         requeued = self.global_rank == 0 and self.policy.should_requeue() and requeue_slurm_job()
-        return Preempted(step, self.agreement.signal_name or "a preemption signal", checkpoint_path, requeued)
+        return Preempted(step, self.signal_name, checkpoint_path, requeued)

@@ -96,6 +96,7 @@ class GradReducer:
         self._removed = False
         self._finalized_since_mark = False
         self._lock = threading.Lock()  # hooks of params on different devices run on different threads
+        self.completed_syncs = 0  # synchronised backward passes so far: every rank met in each
         self._telemetry = ReducerTelemetry()
         self._order: list[int] = []  # readiness order the rebuilt plans follow (rank 0's, broadcast)
         self.launch_order_history: list[list[int]] = []
@@ -371,6 +372,7 @@ class GradReducer:
             step = self._telemetry.end_step()
             self._record_launch_order()
             self._write_back(results, used)
+            self.completed_syncs += 1
             if not self._rebuilt:
                 self._rebuild()
             else:

@@ -31,7 +31,8 @@ import torch
 from strategies import process_group
 from strategies.environment import LOCAL_LAUNCH_MARKER
 from strategies.hang_guard import FAILURES_DIR_VARIABLE, write_failure_stamp
-from strategies.preemption import Preempted, hold_notices
+from strategies.notice_signals import forget_held_notices, hold_notices
+from strategies.preemption import Preempted
 
 if TYPE_CHECKING:
     from strategies.base import Strategy
@@ -119,17 +120,15 @@ def _run_order(order: Order) -> bytes:
     """Run one stage; global rank 0 answers with its pickled result, the others with b"". A stage
     that every rank left preempted (after its checkpoint) answers with the `Preempted` notice."""
     _apply_launcher_state(order)
-    release_notices = hold_notices(order.notice_signals)
+    hold_notices(order.notice_signals)  # from now on: a forwarded notice never kills this worker
+    forget_held_notices()
+    strategy, fn, args, kwargs = load_work(order.payload_path)
+    strategy.setup_environment()
     try:
-        strategy, fn, args, kwargs = load_work(order.payload_path)
-        strategy.setup_environment()
-        try:
-            result = fn(*args, **kwargs)
-        except Preempted as notice:
-            result = notice
-        finish(strategy)
-    finally:
-        release_notices()
+        result = fn(*args, **kwargs)
+    except Preempted as notice:
+        result = notice
+    finish(strategy)
     answer = cloudpickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL) if strategy.global_rank == 0 else b""
     return answer
 

@@ -11,6 +11,7 @@ from strategies.checkpoint_io import CheckpointError
 from trainer.checkpoint_loops import lightning_loops, position_from_lightning, saved_loader_states
 from trainer.compiled import plain_state_dict, state_dict_for
 from trainer.hparams import plain_hparams
+from trainer.loops.preemption import run_identity
 from trainer.seed import gather_rng_states
 
 FORMAT = "ddp-trainer"
@@ -29,6 +30,7 @@ def build_checkpoint(trainer: Any, module: Any, weights_only: bool = False) -> d
     below 2**53), so tools that compare two checkpoints' loops numerically can."""
     ours = {**trainer.loop_state.state_dict(), "format": FORMAT, "format_version": FORMAT_VERSION}
     ours.pop("stage_counts")  # validate/test/predict counts belong to this Trainer, not to the fit resumed
+    ours["run"] = run_identity(module)  # a fit resuming automatically checks it is the same run
     if getattr(trainer, "preemption_mark", None):
         ours["preemption"] = dict(trainer.preemption_mark)  # which signal; written at the agreed step boundary
     checkpoint: dict[str, Any] = {

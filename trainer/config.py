@@ -11,8 +11,10 @@ Precision accepts Lightning's names and its short aliases (normalised by `normal
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
+import sys
 from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -22,8 +24,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from strategies.base import ACCELERATORS
 from strategies.ddp import START_METHODS
-from strategies.environment import LocalEnvironment, SLURMEnvironment, TorchElasticEnvironment
-from strategies.preemption import slurm_job_id
+from strategies.environment import (SLURM_INTERACTIVE_JOB_NAMES, LocalEnvironment, SLURMEnvironment,
+                                    TorchElasticEnvironment)
+from strategies.slurm_requeue import slurm_job_id
 from strategies.shm_transport import TRANSPORTS
 
 PRECISIONS = ("32-true", "64-true", "16-mixed", "bf16-mixed")
@@ -232,7 +235,8 @@ def register_configs() -> None:
 def run_name(default: str) -> str:
     """The run directory's name. Under torchrun or srun every rank runs `ddp-train` itself and
     their clocks differ, so the launcher's job id names the directory they all share. A SLURM job
-    keeps its id when requeued, so its run directory (and preemption checkpoint) is the same."""
+    keeps its id when requeued, so its run directory (and preemption checkpoint) is the same; in a
+    batch script the command line names it too (interactive allocations keep the clock's name)."""
     if LocalEnvironment.detect():  # a worker of our own launcher (it never re-runs the CLI)
         return default
     if TorchElasticEnvironment.detect():
@@ -244,8 +248,11 @@ def run_name(default: str) -> str:
         step = os.environ.get("SLURM_STEP_ID")
         return f"slurm-{os.environ.get('SLURM_JOB_ID', 'job')}" + (f".{step}" if step else "")
     job = slurm_job_id()
-    if job:  # a batch job on one node (our launcher starts the ranks): a requeued job finds its checkpoint
-        return f"slurm-{job}"
+    if job and os.environ.get("SLURM_JOB_NAME") not in SLURM_INTERACTIVE_JOB_NAMES:
+        # A batch job whose script runs ddp-train (our launcher starts the ranks): a requeued job runs the
+        # same command again and must find its checkpoint; two commands of one job get two directories.
+        command = hashlib.sha1(" ".join(sys.argv[1:]).encode()).hexdigest()[:8]
+        return f"slurm-{job}-{command}"
     return default
 
 

@@ -24,7 +24,8 @@ from trainer.compiled import compiled_steps, plain_state_dict
 from trainer.data_sources import overrides
 from trainer.loops.evaluation import has_step, print_results, run_evaluation, run_predict
 from trainer.loops.fit_loop import run_fit
-from trainer.loops.preemption import default_resume_path, discard_if_consumed, preemption_checkpoint_path
+from trainer.loops.preemption import (default_resume_candidates, discard_if_consumed, preemption_checkpoint_path,
+                                      same_run)
 from trainer.loops.training_step import backward
 from trainer.module_adapter import attach, automatic_optimization, check_module, detach
 from trainer.optimizers import ManualOptimizer, NoOptimizer, check_schedulers, init_optimizers
@@ -154,7 +155,7 @@ def _fit(trainer: Any, module: nn.Module, ckpt_path: str | None) -> None:
 
 
 def _fit_watched(trainer: Any, module: nn.Module, ckpt_path: str | None) -> None:
-    checkpoint, path = _load_for_fit(trainer, ckpt_path)
+    checkpoint, path = _load_for_fit(trainer, module, ckpt_path)
     trainer.ckpt_path = path
     if checkpoint is not None:
         checkpointing.restore_module(trainer.strategy.unwrap(module), checkpoint, path)
@@ -227,10 +228,11 @@ def _checkpoint_dirs(trainer: Any) -> list[str]:
     return [d for d in dirs if d]
 
 
-def _load_for_fit(trainer: Any, ckpt_path: str | None) -> tuple[dict[str, Any] | None, str | None]:
-    """The checkpoint `fit` resumes from: a path, "last" (newest readable one), "best", or None."""
-    if ckpt_path is None:
-        ckpt_path = default_resume_path(trainer)  # a preempted run resumes by itself
+def _load_for_fit(trainer: Any, module: nn.Module,
+                  ckpt_path: str | None) -> tuple[dict[str, Any] | None, str | None]:
+    """The checkpoint `fit` resumes from: a path, "last" (newest readable one), "best", or None; None
+    in a directory holding a preemption checkpoint means the newest checkpoint of this run there."""
+    automatic = ckpt_path is None and (ckpt_path := default_resume_candidates(trainer)) is not None
     if ckpt_path is None and trainer.strategy.restart_count > 0:
         ckpt_path = "last"  # an elastic restart resumes from the newest checkpoint by itself
     if ckpt_path == "best":
@@ -238,11 +240,16 @@ def _load_for_fit(trainer: Any, ckpt_path: str | None) -> tuple[dict[str, Any] |
     also = [preemption_checkpoint_path(trainer)] if ckpt_path == "last" else []
     for path in checkpointing.resolve_ckpt_path(ckpt_path, _checkpoint_dirs(trainer), also=also):
         try:
-            return _load(trainer, path), path
+            checkpoint = _load(trainer, path)
         except CheckpointError as error:
             if ckpt_path != "last":
                 raise
             warnings.warn(f"ckpt_path='last': skipping unreadable {path}: {error}", stacklevel=2)
+            continue
+        if automatic and not same_run(trainer.strategy.unwrap(module), checkpoint, path):
+            trainer.resumed_after_preemption = False
+            return None, None
+        return checkpoint, path
     if ckpt_path == "last":
         warnings.warn(f"ckpt_path='last' found no readable checkpoint in {_checkpoint_dirs(trainer)}; training "
                       "starts from scratch.", stacklevel=2)

@@ -150,6 +150,7 @@ class Trainer:
         self.ckpt_path: str | None = None
         self.preemption_watch: Any = None  # while a fit runs: its PreemptionWatch (trainer/loops/preemption.py)
         self.preemption_mark: dict[str, Any] | None = None  # while the preemption checkpoint is built
+        self.resumed_after_preemption = False  # this fit resumed a preempted run: its checkpoint goes at the end
         self.fit_started_at = 0.0  # time.monotonic() when training started (max_time counts from there)
         self._fitted = False  # a fit ran on the current model: evaluating it without one may use "best"
 
@@ -351,10 +352,11 @@ class Trainer:
 
     @property
     def received_sigterm(self) -> bool:
-        """Lightning's flag: this process received SIGTERM during the running fit (a preemption notice,
-        trainer/loops/preemption.py; with SIGTERM among the strategy's preemption signals)."""
+        """Lightning's flag: during the running fit, this rank received SIGTERM or learned that the ranks
+        stop for one (a preemption notice, trainer/loops/preemption.py; SIGTERM among the strategy's
+        preemption signals). Every rank sees it True by the agreed stop."""
         watch = self.preemption_watch
-        return watch is not None and watch.flag.received == "SIGTERM"
+        return watch is not None and "SIGTERM" in (watch.flag.received, watch.agreement.signal_name)
 
     @property
     def interrupted(self) -> bool:

@@ -115,7 +115,7 @@ def build_strategy_class(base: type[Any], module: str) -> type[Any]:
                      process_group_backend: str | None = None, timeout: timedelta | None = default_pg_timeout,
                      start_method: str = "popen",
                      preemption: PreemptionPolicy | dict[str, Any] | bool | None = None) -> None:
-            self.preemption = LightningPreemption(PreemptionPolicy.from_argument(preemption))
+            self._preemption = LightningPreemption(PreemptionPolicy.from_argument(preemption))
             self.reducer_options = ReducerOptions(bucket_cap_mb, first_bucket_cap_mb, gradient_as_bucket_view,
                                                   comm_hook, find_unused_parameters, broadcast_buffers, transport)
             if start_method not in START_METHODS:
@@ -162,16 +162,16 @@ def build_strategy_class(base: type[Any], module: str) -> type[Any]:
         @override
         def on_train_start(self) -> None:
             super().on_train_start()
-            self.preemption.start(self.global_rank)
+            self._preemption.start(self.global_rank, syncs=self._completed_syncs)
 
         @override
         def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
             super().on_train_batch_start(batch, batch_idx)
-            self.preemption.at_batch_start(self.lightning_module.trainer)
+            self._preemption.at_batch_start(self.lightning_module.trainer)
 
         @override
         def on_train_end(self) -> None:
-            self.preemption.stop()
+            self._preemption.stop()
             super().on_train_end()
 
         @override
@@ -179,17 +179,21 @@ def build_strategy_class(base: type[Any], module: str) -> type[Any]:
             super().on_exception(exception)
             module = self.lightning_module
             if module is not None and module._trainer is not None:
-                self.preemption.on_exception(module.trainer, exception)
-            self.preemption.stop()
+                self._preemption.on_exception(module.trainer, exception)
+            self._preemption.stop()
 
         @override
         def teardown(self) -> None:
-            self.preemption.stop()
+            self._preemption.stop()
             reduced = self.reduced_module
             if reduced is not None:
                 reduced.remove()
                 self.model = reduced.module  # Lightning's teardown expects the bare module back
             super().teardown()
+
+        def _completed_syncs(self) -> int:
+            reduced = self.reduced_module
+            return reduced.reducer.completed_syncs if reduced is not None else 0
 
         @property
         def reduced_module(self) -> ReducedModule | None:

@@ -11,7 +11,9 @@ rendezvous store) and use Lightning's own machinery for the rest:
   `SIGTERMException` at the end of that batch (after validation, on every rank alike);
 * in `on_exception` every rank takes part in `trainer.save_checkpoint` to Lightning's SLURM checkpoint
   path, which Lightning resumes from by itself on SLURM (`ckpt_path=None`) and on request elsewhere
-  (`ckpt_path="hpc"`); rank 0 requeues the job on SLURM.
+  (`ckpt_path="hpc"`); rank 0 requeues the job on SLURM, and the exception's exit code becomes 75
+  (Lightning's is 0: a Kubernetes Job would count a preempted run as succeeded, torchrun would not
+  restart it).
 
 Nothing here imports Lightning: the Trainer is handed in.
 """
@@ -19,11 +21,12 @@ Nothing here imports Lightning: the Trainer is handed in.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
 
-from strategies.preemption import PreemptionPolicy, PreemptionWatch, next_fit_key
+from strategies.preemption import PREEMPTED_EXIT_CODE, PreemptionPolicy, PreemptionWatch, next_fit_key
 from strategies.rank_zero import rank_zero_info
 
 
@@ -35,15 +38,17 @@ class LightningPreemption:
         self.watch: PreemptionWatch | None = None
         self.last_checkpoint: str | None = None
 
-    def start(self, global_rank: int) -> None:
-        """After Lightning registered its own handlers (which this replaces for the notice signals)."""
+    def start(self, global_rank: int, syncs: Callable[[], int]) -> None:
+        """After Lightning registered its own handlers (which this replaces for the notice signals);
+        `syncs` counts the reducer's synchronised backward passes."""
         if not self.policy.enabled:
             return
-        store = dist.distributed_c10d._get_default_store() if dist.is_initialized() and dist.get_world_size() > 1 \
-            else None
+        distributed = dist.is_initialized() and dist.get_world_size() > 1
+        store = dist.distributed_c10d._get_default_store() if distributed else None
         restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
-        world_size = dist.get_world_size() if dist.is_initialized() else 1
-        self.watch = PreemptionWatch(self.policy, store, next_fit_key(restarts), global_rank, world_size).__enter__()
+        self.watch = PreemptionWatch(self.policy, store, next_fit_key(restarts), global_rank,
+                                     dist.get_world_size() if distributed else 1, meet=dist.barrier, syncs=syncs)
+        self.watch.__enter__()
 
     def at_batch_start(self, trainer: Any) -> None:
         """Every rank, every training batch: once the ranks agree, Lightning stops after this batch."""
@@ -59,6 +64,7 @@ class LightningPreemption:
         trainer.save_checkpoint(path)
         notice = watch.stopped(trainer.global_step, path)
         self.last_checkpoint = path
+        exception.code = PREEMPTED_EXIT_CODE  # type: ignore[attr-defined]  # a SystemExit's status
         rank_zero_info(f"{notice} (resume with ckpt_path='hpc'; on SLURM Lightning resumes from it by itself).")
 
     def stop(self) -> None:

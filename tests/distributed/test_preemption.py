@@ -17,7 +17,7 @@ import torch
 from strategies import DDPStrategy
 from strategies.preemption import PREEMPTED_EXIT_CODE, Preempted
 from tests.helpers.models import DropoutRegressor, RegressionData
-from tests.helpers.preemption import NoticeAtStep, SeesSigterm, StuckAfterNotice
+from tests.helpers.preemption import ManualEveryOtherBatch, NoticeAtStep, SeesSigterm, StuckAfterNotice
 from trainer import Trainer, seed_everything
 
 pytestmark = pytest.mark.timeout(240)
@@ -107,7 +107,7 @@ def test_torchrun_restart_resumes_from_the_preemption_checkpoint(tmp_path: Path)
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     plain, restarted = _torchrun(tmp_path / "a", notice_step=-1), _torchrun(tmp_path / "b", notice_step=5)
-    assert "Resuming from the preemption checkpoint" in restarted["log"]
+    assert "Found the preemption checkpoint" in restarted["log"]
     assert "Resuming" not in plain["log"]
     assert restarted["global_step"] == plain["global_step"] == 4 * EPOCHS
     for key, value in plain["state_dict"].items():
@@ -136,3 +136,25 @@ def test_one_process_stops_at_the_next_boundary_and_sets_lightnings_flag(tmp_pat
     assert stopped.value.step == 6 and torch.load(tmp_path / "preempted.ckpt", weights_only=True)["global_step"] == 6
     assert seen.seen == [False] * 5 + [True]
     assert not trainer.received_sigterm, "only while a fit runs"
+
+
+def test_steps_without_a_collective_still_stop_every_rank_together(tmp_path: Path) -> None:
+    """Manual optimization that skips backward on odd batches: between two boundaries nothing makes the
+    ranks meet, so the watch adds a barrier there; the ranks stop together and resume bit-exactly."""
+    def fit(notice_rank: int, root: Path) -> tuple[Trainer, ManualEveryOtherBatch]:
+        seed_everything(3)
+        model = ManualEveryOtherBatch(notice_rank)
+        trainer = Trainer(accelerator="cpu", devices=2, strategy=DDPStrategy(stall_timeout=15), max_epochs=2,
+                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                          enable_model_summary=False, default_root_dir=root)
+        trainer.fit(model, datamodule=RegressionData(batch_size=4))
+        return trainer, model
+
+    _, plain = fit(-1, tmp_path / "plain")
+    with pytest.raises(Preempted) as stopped:
+        fit(1, tmp_path / "run")
+    assert stopped.value.checkpoint_path == str(tmp_path / "run" / "preempted.ckpt")
+    trainer, resumed = fit(1, tmp_path / "run")  # resumes past the notice's batch
+    assert trainer.current_epoch == 2
+    for key, value in plain.state_dict().items():
+        assert torch.equal(value, resumed.state_dict()[key]), key

@@ -167,7 +167,7 @@ def start_facts(strategy: DDPStrategy, variable: str) -> list[Any]:
 def stop_signal_handlers(strategy: DDPStrategy) -> list[Any]:
     """Every rank's handler for the signals torch elastic stops workers with, by name (while a stage
     runs, the strategy's preemption signals are held as notices: strategies/preemption.py)."""
-    from strategies.preemption import _hold
+    from strategies.notice_signals import _hold
 
     names = {signal.SIG_DFL: "default", signal.SIG_IGN: "ignored", signal.default_int_handler: "KeyboardInterrupt",
              _hold: "preemption notice"}

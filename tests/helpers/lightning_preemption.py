@@ -57,15 +57,15 @@ def fit(root: Path, notice_step: int = -1, ckpt_path: str | None = None) -> tupl
 
 def main(out: Path, notice_step: int) -> None:
     plain_trainer, plain = fit(out / "plain")
-    raised = ""
+    raised, code = "", None
     try:
         fit(out / "preempted", notice_step=notice_step)
     except SystemExit as error:
-        raised = type(error).__name__
+        raised, code = type(error).__name__, error.code
     checkpoint = torch.load(out / "preempted" / "hpc_ckpt_1.ckpt", weights_only=False)
     resumed_trainer, resumed = fit(out / "preempted", ckpt_path="hpc")
     if resumed_trainer.is_global_zero:
-        torch.save({"plain": plain.state_dict(), "resumed": resumed.state_dict(), "raised": raised,
+        torch.save({"plain": plain.state_dict(), "resumed": resumed.state_dict(), "raised": raised, "code": code,
                     "checkpoint_step": checkpoint["global_step"], "plain_step": plain_trainer.global_step,
                     "resumed_step": resumed_trainer.global_step}, out / "result.pt")
 

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from tests.helpers.models import DropoutRegressor
+from trainer import LightningModule
 from trainer.callbacks import Callback
 
 
@@ -19,8 +20,9 @@ class NoticeAtStep(DropoutRegressor):
     rank (`"all"`: each signals itself) or `launcher_pid` (`"launcher"`). A resumed run starts past
     `step`, so only the first run is signalled."""
 
-    def __init__(self, step: int, to: str = "rank1", signal_name: str = "SIGTERM", launcher_pid: int = 0) -> None:
-        super().__init__()
+    def __init__(self, step: int, to: str = "rank1", signal_name: str = "SIGTERM", launcher_pid: int = 0,
+                 lr: float = 0.05) -> None:
+        super().__init__(lr=lr)
         self.step, self.target, self.signal_name, self.launcher_pid = step, to, signal_name, launcher_pid
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
@@ -67,3 +69,35 @@ class SeesSigterm(Callback):
 
     def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.seen.append(trainer.received_sigterm)
+
+
+class ManualEveryOtherBatch(LightningModule):
+    """Manual optimization that steps on even batches only: odd batches issue no collective at all,
+    which the stop agreement must make up for. Rank `notice_rank` gets SIGTERM at batch 2 of the
+    first epoch and is slow at that boundary, so the other rank reaches the next boundary first."""
+
+    def __init__(self, notice_rank: int = -1) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.notice_rank = notice_rank
+        self.net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.2), torch.nn.Linear(8, 1))
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        if batch_idx % 2 == 1:
+            return None
+        if self.global_rank == self.notice_rank and self.current_epoch == 0 and batch_idx == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        optimizer = self.optimizers()
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.net(x), y)
+        optimizer.zero_grad()
+        self.manual_backward(loss)
+        optimizer.step()
+        return None
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.global_rank == self.notice_rank and self.current_epoch == 0 and batch_idx == 2:
+            time.sleep(1.0)
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.01)

@@ -223,3 +223,17 @@ def test_bucket_cap_auto_reaches_the_strategy(hydra_context: None) -> None:
     cfg = compose_cfg(["strategy.bucket_cap_mb=auto"])
     validate(cfg)
     assert cli.construct("strategy", cfg.strategy).bucket_cap_mb == "auto"
+
+
+def test_a_slurm_batch_job_names_its_directory_by_job_and_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Our launcher inside an sbatch script (no srun): a requeued job runs the same command and finds its
+    run directory (and preemption checkpoint); two commands of one job get two; salloc keeps the clock."""
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_JOB_NAME", "train")
+    monkeypatch.setattr(sys, "argv", ["ddp-train", "model.lr=0.1"])
+    first = run_name("2024-01-01/10-00-00")
+    assert first.startswith("slurm-4242-") and run_name("other clock") == first
+    monkeypatch.setattr(sys, "argv", ["ddp-train", "model.lr=0.2"])
+    assert run_name("x").startswith("slurm-4242-") and run_name("x") != first
+    monkeypatch.setenv("SLURM_JOB_NAME", "interactive")
+    assert run_name("2024-01-01/10-00-00") == "2024-01-01/10-00-00"

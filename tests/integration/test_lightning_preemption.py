@@ -24,6 +24,7 @@ def test_lightning_trainer_stops_together_checkpoints_and_resumes(tmp_path: Path
     assert result.returncode == 0, result.stderr[-4000:]
     outcome = torch.load(tmp_path / "result.pt", weights_only=False)
     assert outcome["raised"] == "SIGTERMException"  # Lightning's own exit, on every rank (the save is collective)
+    assert outcome["code"] == 75  # not Lightning's 0: a preempted run must not count as a success
     # the notice came during step `notice_step`; the ranks agree on a later batch; 4 batches per epoch
     assert notice_step + 2 <= outcome["checkpoint_step"] <= notice_step + 3
     assert outcome["plain_step"] == outcome["resumed_step"] == 12

@@ -47,7 +47,6 @@ def test_slurm_job_is_checkpointed_requeued_and_resumes(tmp_path: Path) -> None:
     fake.write_text('#!/bin/sh\necho "$@" >> "$SCONTROL_LOG"\n')
     fake.chmod(0o755)
     scontrol_log, ready = tmp_path / "scontrol.log", tmp_path / "ready"
-    run_dir = tmp_path / "outputs" / f"slurm-{JOB_ID}"
 
     first = _start(tmp_path, ready, scontrol_log)
     _wait_for(ready, first)
@@ -56,6 +55,7 @@ def test_slurm_job_is_checkpointed_requeued_and_resumes(tmp_path: Path) -> None:
     assert first.returncode == PREEMPTED_EXIT_CODE, err[-3000:]
     assert "ddp-train: preempted by SIGTERM after step" in err, err[-3000:]
     assert scontrol_log.read_text().split() == ["requeue", JOB_ID]
+    (run_dir,) = (tmp_path / "outputs").glob(f"slurm-{JOB_ID}-*")  # the job id and a digest of the command
     checkpoint = torch.load(run_dir / "preempted.ckpt", weights_only=True)
     stopped_at = checkpoint["global_step"]
     assert 3 < stopped_at < 30 * 26, stopped_at
@@ -64,7 +64,8 @@ def test_slurm_job_is_checkpointed_requeued_and_resumes(tmp_path: Path) -> None:
     second = _start(tmp_path, ready, scontrol_log)
     out, err = second.communicate(timeout=240)
     assert second.returncode == 0, err[-3000:]
-    assert f"Resuming from the preemption checkpoint {run_dir / 'preempted.ckpt'}" in out + err
+    assert f"Found the preemption checkpoint {run_dir / 'preempted.ckpt'}" in out + err
+    assert list((tmp_path / "outputs").glob(f"slurm-{JOB_ID}-*")) == [run_dir], "the requeued command's directory"
     assert "finished in" in out and "epoch 30" in out, out
     assert not ready.exists(), "the resumed run started after the step the callback marks"
     assert not (run_dir / "preempted.ckpt").exists()

@@ -61,7 +61,8 @@ def run_fit(trainer: Any, module: nn.Module) -> None:
     _warn_about_eval_mode(module)
     callbacks.call("on_train_start", trainer, module)
     while not _fit_done(trainer):
-        stop_if_preempted(trainer)  # between epochs (and before the first)
+        if state.rng_to_restore is None:  # between epochs; not before a resume has put back its position
+            stop_if_preempted(trainer)
         train_loader = _maybe_reload(trainer, module, train_loader)
         _run_epoch(trainer, module, train_loader)
         state.current_epoch += 1
@@ -128,7 +129,8 @@ def _run_epoch(trainer: Any, module: nn.Module, train_loader: Any) -> None:
         state.scheduler_steps_in_epoch = state.fit_validation.total = 0  # Lightning's per-epoch counters
         callbacks.call("on_train_epoch_start", trainer, module)
     total = trainer.num_training_batches
-    last_idx, stopped = -1, False
+    # the batch that ran last: in a resumed epoch, the checkpoint's (an unsized loader may have nothing left)
+    last_idx, stopped = state.batch_in_epoch - 1, False
     batches = iterate_limited(trainer, train_loader, "train", skip=skip, start_at=start_at,
                               on_resumed=lambda: _restore_rng(trainer))
     for batch_idx, batch in _batches_or_steps(module, batches):

@@ -1,5 +1,5 @@
 """The fit loop's side of a preemption notice: stop at the agreed step boundary with one
-checkpoint, and resume from it by default (strategies/preemption.py has the agreement).
+checkpoint, and resume from it by default (strategies/stop_agreement.py has the agreement).
 
 Where the loop may stop: after an optimizer step once its end hooks, logging and validation are
 done (not inside an accumulation window, whose gradients a checkpoint does not hold, and not after
@@ -7,18 +7,22 @@ an epoch's last batch, whose epoch-end hooks are still to run), or between two e
 there is a position the loop already knows how to resume from exactly: nothing is lost or repeated.
 
 The checkpoint is `<default_root_dir>/preempted.ckpt` (Lightning keeps its SLURM checkpoints in
-default_root_dir too): independent of the logger's version folders, so a requeued run finds it.
+default_root_dir too): independent of the logger's version folders, so a requeued run finds it. It
+names the run it belongs to (the module's class and hyperparameters): a fit of another model, or
+of the same model with other hyperparameters (a sweep sharing the directory), does not resume it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import warnings
 from typing import Any
 
 from strategies.rank_zero import rank_zero_info
+from trainer.hparams import plain_hparams
 
 PREEMPTION_CHECKPOINT = "preempted.ckpt"
-MARK = "preemption"  # in the checkpoint's "loops" section of ours: which signal, after which step
 
 
 def preemption_checkpoint_path(trainer: Any) -> str:
@@ -27,35 +31,62 @@ def preemption_checkpoint_path(trainer: Any) -> str:
 
 def stop_if_preempted(trainer: Any) -> None:
     """At a step boundary (every rank, the same sequence): when the ranks agreed to stop here,
-    write the preemption checkpoint and raise `Preempted` (a SystemExit with code 75)."""
+    write the preemption checkpoint and raise `Preempted` (a SystemExit with code 75). A checkpoint
+    that cannot be written still ends the job the same way (requeued), with the error chained."""
     watch = trainer.preemption_watch
     stepped = trainer.loop_state.stepped_batches
     if watch is None or not watch.due(stepped):
         return
     path = preemption_checkpoint_path(trainer)
-    trainer.preemption_mark = {"signal": watch.agreement.signal_name, "stepped_batches": stepped}
+    trainer.preemption_mark = {"signal": watch.signal_name, "stepped_batches": stepped}
     try:
         trainer.save_checkpoint(path)
+    except Exception as error:  # a full disk: the previous checkpoints stay the resume point
+        raise watch.stopped(trainer.global_step, None) from error
     finally:
         trainer.preemption_mark = None
-    rank_zero_info(f"Preempted by {watch.agreement.signal_name}: every rank stopped after step {trainer.global_step}; "
+    rank_zero_info(f"Preempted by {watch.signal_name}: every rank stopped after step {trainer.global_step}; "
                    f"checkpoint written to {path}. The next fit in this directory resumes from it.")
     raise watch.stopped(trainer.global_step, path)
 
 
-def default_resume_path(trainer: Any) -> str | None:
-    """A fit without `ckpt_path` resumes from the preemption checkpoint when there is one."""
+def run_identity(module: Any) -> str:
+    """Which run a preemption checkpoint belongs to: the module's class and hyperparameters."""
+    module = getattr(module, "_orig_mod", module)
+    cls = type(module)
+    hparams = repr(sorted(plain_hparams(getattr(module, "hparams", None)).items()))
+    return f"{cls.__module__}.{cls.__qualname__}:{hashlib.sha1(hparams.encode()).hexdigest()[:12]}"
+
+
+def same_run(module: Any, checkpoint: dict[str, Any], path: str) -> bool:
+    """Whether an automatically found checkpoint is this run's (every checkpoint names its run in
+    loops.ddp_trainer.run); warns when not."""
+    loops = checkpoint.get("loops")
+    ours = loops.get("ddp_trainer") if isinstance(loops, dict) else None
+    saved, mine = (ours.get("run") if isinstance(ours, dict) else None), run_identity(module)
+    if saved in (None, mine):
+        return True
+    warnings.warn(f"{path} was written by another run ({saved}; this one is {mine}: another model or other "
+                  "hyperparameters), so this fit starts from scratch and leaves it alone. Pass ckpt_path to "
+                  "resume from it anyway, or use another default_root_dir per run.", stacklevel=2)
+    return False
+
+
+def default_resume_candidates(trainer: Any) -> str | None:
+    """A fit without `ckpt_path`, in a directory holding a preemption checkpoint: resume from the newest
+    of it and the checkpoints written since (a resumed run that later crashed must not rewind)."""
     path = preemption_checkpoint_path(trainer)
     if not os.path.isfile(path):
         return None
-    rank_zero_info(f"Resuming from the preemption checkpoint {path} (pass ckpt_path to start from another); it is "
-                   "removed once this fit completes.")
-    return path
+    rank_zero_info(f"Found the preemption checkpoint {path}: resuming from it or a newer checkpoint of this run "
+                   "(pass ckpt_path to start from another); it is removed once this fit completes.")
+    trainer.resumed_after_preemption = True
+    return "last"
 
 
 def discard_if_consumed(trainer: Any) -> None:
-    """After a fit that completed from the preemption checkpoint: remove it, so that a later fit in
-    the same directory does not resume a finished run."""
-    path = preemption_checkpoint_path(trainer)
-    if trainer.ckpt_path is not None and os.path.abspath(trainer.ckpt_path) == os.path.abspath(path):
-        trainer.strategy.remove_checkpoint(path)
+    """After a fit that completed a preempted run: remove its preemption checkpoint, so that a later fit
+    in the same directory does not resume a finished run."""
+    if getattr(trainer, "resumed_after_preemption", False):
+        trainer.strategy.remove_checkpoint(preemption_checkpoint_path(trainer))
+        trainer.resumed_after_preemption = False

@@ -113,3 +113,23 @@ def test_remove_is_idempotent(tmp_path: Path) -> None:
     io.remove(path)
     io.remove(path)
     assert not path.exists()
+
+
+def test_a_temporary_file_left_by_a_killed_write_is_swept_by_the_next_save(tmp_path: Path) -> None:
+    path = tmp_path / "last.ckpt"
+    (tmp_path / ".last.ckpt.abc123.tmp").write_bytes(b"x" * 1000)  # a writer SIGKILLed mid-write left it
+    (tmp_path / ".other.ckpt.def456.tmp").write_bytes(b"y")  # another file's: not ours to remove
+    TorchCheckpointIO().save({"step": 1}, path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.ckpt.def456.tmp", "last.ckpt"]
+
+
+def test_a_file_that_cannot_even_be_created_is_named_with_its_own_advice(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The temporary file cannot be created (a read-only mount; out of inodes): the same one-line error."""
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr("strategies.checkpoint_io.tempfile.mkstemp", refuse)
+    with pytest.raises(CheckpointError, match=r"'.*model.ckpt': Read-only file system \(errno 30\); no earlier "
+                                              r"file existed. Make the directory writable"):
+        TorchCheckpointIO().save({"step": 1}, tmp_path / "model.ckpt")
