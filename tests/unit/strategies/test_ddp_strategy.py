@@ -20,15 +20,6 @@ from strategies.launcher import WorkerFailedError
 from strategies.worker_pool import first_failure
 from tests.helpers.spawn import free_port
 
-_LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-                "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SLURM_NTASKS", "DDP_TRAINER_LOCAL_WORKER")
-
-
-@pytest.fixture(autouse=True)
-def no_launcher_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in _LAUNCH_VARS:
-        monkeypatch.delenv(key, raising=False)
-
 
 @pytest.mark.parametrize(("kwargs", "error", "names"), [
     ({"bucket_cap_mb": 0}, ValueError, "bucket_cap_mb"),
