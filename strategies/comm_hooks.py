@@ -130,8 +130,8 @@ def resolve_comm_hook(hook: str | CommHook | None) -> CommHook:
         return allreduce_mean
     if isinstance(hook, str):
         if hook not in COMM_HOOKS:
-            raise ValueError(f"comm_hook={hook!r} is not a known hook; expected one of {sorted(COMM_HOOKS)} "
-                             "or a callable (state, bucket) -> torch.futures.Future[torch.Tensor].")
+            raise ValueError(f"comm_hook={hook!r} is not one of {sorted(COMM_HOOKS)}, None (the mean) or a callable "
+                             "(state, bucket) -> torch.futures.Future[torch.Tensor].")
         return COMM_HOOKS[hook]
     if not callable(hook):
         raise TypeError(f"comm_hook must be a name, a callable or None; received {type(hook).__name__}.")

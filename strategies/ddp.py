@@ -73,21 +73,21 @@ class DDPStrategy(Strategy):
         options = ReducerOptions(bucket_cap_mb, first_bucket_cap_mb, gradient_as_bucket_view, comm_hook,
                                  find_unused_parameters, broadcast_buffers, transport)  # names a bad value's argument
         if stall_timeout is not None:
-            check_positive_number("stall_timeout", stall_timeout, unit="seconds")
+            check_positive_number("stall_timeout", stall_timeout, unit="seconds", alternative="None (the hang "
+                                                                                             "guard off)")
         check_bool("sync_batchnorm", sync_batchnorm)
         check_bool("debug_collectives", debug_collectives)
         process_group.validate_backend(process_group_backend)
         if not isinstance(timeout, timedelta) or timeout.total_seconds() <= 0:
-            raise ValueError(f"timeout must be a positive datetime.timedelta, got {timeout!r}.")
+            raise ValueError(f"timeout={timeout!r} must be a positive datetime.timedelta.")
         if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
-            raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}.")
+            raise ValueError(f"max_restarts={max_restarts!r} must be an int >= 0.")
         if accelerator not in ACCELERATORS:
             raise ValueError(f"accelerator={accelerator!r} is not supported; expected one of {ACCELERATORS}.")
         if start_method not in START_METHODS:
             why_not_fork = (" ('fork' is not offered: a forked worker hangs in OpenMP once the launching "
                             "process has used it)") if start_method == "fork" else ""
-            raise ValueError(f"start_method={start_method!r} is not supported; expected one of "
-                             f"{START_METHODS}{why_not_fork}.")
+            raise ValueError(f"start_method={start_method!r} is not one of {list(START_METHODS)}{why_not_fork}.")
         self.bucket_cap_mb: float | str = options.bucket_cap_mb
         self.first_bucket_cap_mb = float(options.first_bucket_cap_mb)
         self._tuned_bucket_cap_mb: float | None = None  # restored from a checkpoint before the reducer exists

@@ -29,11 +29,11 @@ def validate_backend(backend: str | None) -> None:
     if backend is None:
         return
     if not isinstance(backend, str):
-        raise TypeError(f"process_group_backend must be a string or None, got {type(backend).__name__}.")
+        raise TypeError(f"process_group_backend={backend!r} must be a backend name or None.")
     registered = tuple(name for name in getattr(dist.Backend, "backend_list", KNOWN_BACKENDS) if name != "undefined")
     if backend.lower() not in registered:
-        raise ValueError(f"process_group_backend={backend!r} is not a known torch.distributed backend; "
-                         f"expected None (auto) or one of {registered}.")
+        raise ValueError(f"process_group_backend={backend!r} is not one of {[None, *registered]} (None: gloo on "
+                         "CPU, nccl on CUDA).")
 
 
 def resolve_backend(backend: str | None, device: torch.device) -> str:

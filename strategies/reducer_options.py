@@ -30,7 +30,7 @@ class ReducerOptions:
 
     def __post_init__(self) -> None:
         if self.bucket_cap_mb != AUTO:
-            check_positive_number("bucket_cap_mb", self.bucket_cap_mb)
+            check_positive_number("bucket_cap_mb", self.bucket_cap_mb, alternative=repr(AUTO))
             object.__setattr__(self, "bucket_cap_mb", float(self.bucket_cap_mb))
         check_positive_number("first_bucket_cap_mb", self.first_bucket_cap_mb)
         object.__setattr__(self, "first_bucket_cap_mb", float(self.first_bucket_cap_mb))
@@ -40,14 +40,16 @@ class ReducerOptions:
         check_transport(self.transport)
 
 
-def check_positive_number(name: str, value: Any, unit: str = "MiB") -> None:
-    """TypeError for something that is not a number, ValueError for one that is not > 0."""
+def check_positive_number(name: str, value: Any, unit: str = "MiB", alternative: str = "") -> None:
+    """TypeError for something that is not a number, ValueError for one that is not > 0; the message
+    reads `name=value must be ...`, so the CLI prefixes it with the group to name the key."""
+    expected = f"must be a number of {unit} > 0" + (f" or {alternative}" if alternative else "")
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number ({unit}), got {type(value).__name__} {value!r}.")
+        raise TypeError(f"{name}={value!r} {expected}.")
     if not float(value) > 0:
-        raise ValueError(f"{name} must be > 0 ({unit}), got {value!r}.")
+        raise ValueError(f"{name}={value!r} {expected}.")
 
 
 def check_bool(name: str, value: Any) -> None:
     if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, got {value!r}.")
+        raise TypeError(f"{name}={value!r} must be True or False.")

@@ -71,9 +71,8 @@ class SharedMemoryTimeout(RuntimeError):
 def check_transport(transport: Any) -> None:
     """A ValueError listing the choices for anything but a known transport name."""
     if transport not in TRANSPORTS:
-        raise ValueError(f"transport={transport!r} is not a known gradient transport; expected one of "
-                         f"{list(TRANSPORTS)} ('auto': shared memory between CPU ranks on one x86-64 host, "
-                         "else the process group).")
+        raise ValueError(f"transport={transport!r} is not one of {list(TRANSPORTS)} ('auto': shared memory "
+                         "between CPU ranks on one x86-64 host, else the process group).")
 
 
 class SharedMemoryAllReduce:

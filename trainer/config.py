@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import socket
 import sys
 from pathlib import Path
@@ -20,14 +21,16 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from strategies.base import ACCELERATORS
-from strategies.ddp import START_METHODS
+from strategies import DDPStrategy, SingleDeviceStrategy
 from strategies.environment import (SLURM_INTERACTIVE_JOB_NAMES, LocalEnvironment, SLURMEnvironment,
                                     TorchElasticEnvironment)
 from strategies.slurm_requeue import slurm_job_id
-from strategies.shm_transport import TRANSPORTS
+from trainer.strategy_schema import strategy_schema
 
 PRECISIONS = ("32-true", "64-true", "16-mixed", "bf16-mixed")
 PRECISION_ALIASES = {"32": "32-true", "64": "64-true", "16": "16-mixed", "bf16": "bf16-mixed"}
@@ -42,9 +45,9 @@ class ConfigError(ValueError):
 
     _NO_VALUE: Any = object()
 
-    def __init__(self, key: str, value: Any = _NO_VALUE, expected: str = "") -> None:
+    def __init__(self, key: str, value: Any = _NO_VALUE, expected: str = "", joined: str = ": ") -> None:
         self.key, self.value, self.expected = key, value, expected
-        text = f"{key}={value!r} {expected}" if value is not self._NO_VALUE else f"{key}: {expected}"
+        text = f"{key}={value!r} {expected}" if value is not self._NO_VALUE else f"{key}{joined}{expected}"
         super().__init__(" ".join(line.strip() for line in text.splitlines()))  # always one line
 
 
@@ -78,46 +81,6 @@ class TrainerConfig:
     num_sanity_val_steps: int = 2  # Lightning's default; 0 turns the check off
     use_distributed_sampler: bool = True
     benchmark: Optional[bool] = None
-
-
-@dataclass
-class TimeoutConfig:
-    _target_: str = "datetime.timedelta"
-    seconds: float = 600.0
-
-
-@dataclass
-class PreemptionConfig:
-    """strategies.PreemptionPolicy's settings (it validates them; the CLI names the key)."""
-    signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
-    grace_period_s: float = 25.0
-    requeue: Any = "auto"  # auto | true | false
-
-
-@dataclass
-class DDPStrategyConfig:
-    _target_: str = "strategies.DDPStrategy"
-    bucket_cap_mb: Any = 25.0  # MiB, or "auto" (timed during the first steps)
-    first_bucket_cap_mb: float = 1.0
-    gradient_as_bucket_view: bool = True
-    comm_hook: Optional[str] = None
-    find_unused_parameters: bool = False
-    broadcast_buffers: bool = True
-    sync_batchnorm: bool = False
-    process_group_backend: Optional[str] = None
-    timeout: TimeoutConfig = field(default_factory=TimeoutConfig)
-    max_restarts: int = 0
-    stall_timeout: Optional[float] = 25.0
-    debug_collectives: bool = False
-    transport: str = "auto"
-    start_method: str = "forkserver"
-    preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
-
-
-@dataclass
-class SingleDeviceStrategyConfig:
-    _target_: str = "strategies.SingleDeviceStrategy"
-    preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
 
 
 @dataclass
@@ -203,8 +166,8 @@ class CharGPTConfig:
 
 SCHEMAS: dict[tuple[str, str], type] = {
     ("trainer", "base_trainer"): TrainerConfig,
-    ("strategy", "base_ddp"): DDPStrategyConfig,
-    ("strategy", "base_single"): SingleDeviceStrategyConfig,
+    ("strategy", "base_ddp"): strategy_schema(DDPStrategy, "strategies.DDPStrategy"),
+    ("strategy", "base_single"): strategy_schema(SingleDeviceStrategy, "strategies.SingleDeviceStrategy"),
     ("data", "base_digits"): DigitsDataConfig,
     ("data", "base_synthetic"): SyntheticDataConfig,
     ("data", "base_text"): TextDataConfig,
@@ -333,6 +296,8 @@ def _check_cuda(trainer: DictConfig) -> None:
 
 
 def _check_strategy(strategy: Any, trainer: DictConfig) -> None:
+    """What needs the whole config (the Trainer's world and device); every other value is the
+    constructor's to check (`_build_to_check`)."""
     if not isinstance(strategy, DictConfig):
         return
     world = trainer.devices * trainer.num_nodes
@@ -340,32 +305,26 @@ def _check_strategy(strategy: Any, trainer: DictConfig) -> None:
         raise ConfigError("trainer.devices", trainer.devices,
                           f"(x num_nodes={trainer.num_nodes}) must be 1 with strategy=single; "
                           "use strategy=ddp for more processes")
-    if "comm_hook" in strategy:
-        _check_one_of(strategy, "comm_hook", (None, "fp16", "bf16"), prefix="strategy.")
-    if "process_group_backend" in strategy:
-        _check_one_of(strategy, "process_group_backend", (None, "gloo", "nccl", "mpi", "ucc"), prefix="strategy.")
-    if "transport" in strategy:
-        _check_one_of(strategy, "transport", TRANSPORTS, prefix="strategy.")
-    if "start_method" in strategy:
-        _check_one_of(strategy, "start_method", START_METHODS, prefix="strategy.")
-    for key in ("bucket_cap_mb", "first_bucket_cap_mb"):
-        value = strategy.get(key)
-        if key not in strategy or (key == "bucket_cap_mb" and value == "auto"):
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            expected = "a number of MiB > 0" + (" or 'auto'" if key == "bucket_cap_mb" else "")
-            raise ConfigError(f"strategy.{key}", value, f"must be {expected}")
-    if "max_restarts" in strategy:
-        _check_int(strategy, "max_restarts", minimum=0, prefix="strategy.")
-    if strategy.get("stall_timeout") is not None and not strategy.stall_timeout > 0:
-        raise ConfigError("strategy.stall_timeout", strategy.stall_timeout, "must be > 0 seconds, or null to turn the "
-                                                                           "hang guard off")
     if strategy.get("sync_batchnorm") and trainer.accelerator == "cpu":
         raise ConfigError("strategy.sync_batchnorm", True, "needs trainer.accelerator=cuda (SyncBatchNorm has no CPU "
                                                            "kernel); set it to false")
-    timeout = strategy.get("timeout")
-    if isinstance(timeout, DictConfig) and "seconds" in timeout and not timeout.seconds > 0:
-        raise ConfigError("strategy.timeout.seconds", timeout.seconds, "must be > 0")
+    _build_to_check(strategy)
+
+
+def _build_to_check(strategy: DictConfig) -> None:
+    """Build the strategy once (its `__init__` only checks and stores) so a bad value fails here,
+    before the run directory exists, with the constructor's own message naming the argument."""
+    if not _has_target(strategy):
+        return
+    try:
+        instantiate(strategy, _convert_="all")
+    except InstantiationException as error:
+        cause = error.__cause__
+        if not isinstance(cause, (ValueError, TypeError)):
+            raise
+        message = str(cause).rstrip(".")
+        names_an_argument = re.match(r"^\w+=", message) is not None
+        raise ConfigError("strategy", expected=message, joined="." if names_an_argument else ": ") from cause
 
 
 def _check_int(node: DictConfig, key: str, minimum: int, maximum: int | None = None, prefix: str = "",
