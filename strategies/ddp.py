@@ -30,6 +30,7 @@ from strategies.environment import (ClusterEnvironment, check_launch_matches, de
 from strategies.preemption import PreemptionPolicy
 from strategies.rank_zero import rank_prefixed_message
 from strategies.reducer_options import ReducerOptions, check_bool, check_positive_number
+from strategies.replicas import broadcast_tensors, check_same_parameters
 from strategies.sampler import distribute_dataloader
 
 if TYPE_CHECKING:
@@ -393,40 +394,3 @@ class DDPStrategy(Strategy):
         # Only configuration travels to the workers; per-process state is rebuilt there.
         return {**self.__dict__, "_environment": None, "_reducer": None, "_owns_process_group": False,
                 "_hang_guard": None}
-
-
-def check_same_parameters(module: nn.Module, rank: int) -> None:
-    """Every rank must hold the same parameter names and shapes, or the buckets would not line
-    up and the first all-reduce would hang or mix unrelated gradients. Raises on every rank."""
-    mine = [(name, tuple(param.shape), str(param.dtype)) for name, param in module.named_parameters()]
-    everyone: list[Any] = [None] * dist.get_world_size()
-    with LEDGER.collective("all_gather(parameter names and shapes)"):
-        dist.all_gather_object(everyone, mine)
-    reference = everyone[0]
-    for other_rank, theirs in enumerate(everyone[1:], start=1):
-        if theirs == reference:
-            continue
-        for position in range(max(len(reference), len(theirs))):
-            ours = reference[position] if position < len(reference) else None
-            other = theirs[position] if position < len(theirs) else None
-            if ours != other:
-                raise RuntimeError(rank_prefixed_message(
-                    f"parameters differ between ranks 0 and {other_rank}: parameter #{position} is {ours} "
-                    f"on rank 0 but {other} on rank {other_rank} (name, shape, dtype). Every rank must build "
-                    f"the same model.", rank))
-
-
-@torch.no_grad()
-def broadcast_tensors(tensors: list[torch.Tensor]) -> None:
-    """Copy rank 0's values into `tensors`, one flat collective per (device, dtype) group."""
-    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
-    for tensor in tensors:
-        groups.setdefault((tensor.device, tensor.dtype), []).append(tensor)
-    for group in groups.values():
-        flat = torch.cat([tensor.detach().reshape(-1) for tensor in group])
-        with LEDGER.collective("broadcast(parameters/buffers from rank 0)", flat):
-            dist.broadcast(flat, src=0)
-        offset = 0
-        for tensor in group:
-            tensor.copy_(flat[offset:offset + tensor.numel()].view_as(tensor))
-            offset += tensor.numel()

@@ -26,7 +26,7 @@ from typing_extensions import override
 from strategies.autotune import AUTO
 from strategies.comm_hooks import CommHook
 from strategies.compile import split_lightning_compiled
-from strategies.ddp import broadcast_tensors, check_same_parameters
+from strategies.replicas import broadcast_tensors, check_same_parameters
 from strategies.lightning.preemption import LightningPreemption
 from strategies.preemption import PreemptionPolicy
 from strategies.reducer import GradReducer
