@@ -31,7 +31,7 @@ from trainer.log_rules import LoggingError, logging_levels
 _REDUCE_NAMES: dict[Any, str] = {"mean": "mean", "sum": "sum", "max": "max", "min": "min",
                                  torch.mean: "mean", torch.sum: "sum", torch.max: "max", torch.min: "min",
                                  max: "max", min: "min", sum: "sum"}
-Reducer = Callable[[torch.Tensor, str], torch.Tensor]
+Reducer = Callable[[torch.Tensor, Any], torch.Tensor]  # a strategy's reduce(tensor, op)
 _Request = tuple[str, torch.Tensor]  # (op: "sum" | "max" | "min", float64 scalar)
 
 

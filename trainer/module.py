@@ -171,20 +171,27 @@ class LightningModule(nn.Module):
     def on_validation_model_zero_grad(self) -> None:
         self.zero_grad()
 
+    def _trained_model(self) -> nn.Module:
+        """`trainer.model` while a stage runs (the hooks below run only then)."""
+        model = self.trainer.model
+        if model is None:
+            raise RuntimeError(f"{type(self).__name__}: no model is attached to the Trainer outside a stage.")
+        return model
+
     def on_validation_model_eval(self) -> None:
-        self.trainer.model.eval()
+        self._trained_model().eval()
 
     def on_validation_model_train(self) -> None:
-        self.trainer.model.train()  # called only when overridden; the loop restores modes itself
+        self._trained_model().train()  # called only when overridden; the loop restores modes itself
 
     def on_test_model_eval(self) -> None:
-        self.trainer.model.eval()
+        self._trained_model().eval()
 
     def on_test_model_train(self) -> None:
-        self.trainer.model.train()
+        self._trained_model().train()
 
     def on_predict_model_eval(self) -> None:
-        self.trainer.model.eval()
+        self._trained_model().eval()
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         return batch
@@ -383,7 +390,7 @@ def clip_gradients(module: nn.Module, optimizer: Any, gradient_clip_val: float |
 def toggle_optimizer(module: nn.Module, optimizer: Any) -> None:
     """Freeze parameters that belong only to other optimizers (multi-optimizer training)."""
     own = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    saved = {}
+    saved: dict[torch.Tensor, bool] = {}
     for other in _trainer_of(module).optimizers:
         for group in other.param_groups:
             for parameter in group["params"]:

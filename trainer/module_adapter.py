@@ -9,6 +9,7 @@ module pickles and behaves as before). Our own `LightningModule` needs none of t
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
 from typing import Any
 
 from torch import nn
@@ -19,7 +20,7 @@ from trainer.module import LightningModule
 # Methods of Lightning's module that reach into its trainer's internals; ours replace them.
 # (Its `manual_backward` needs no replacement: it calls `trainer.strategy.backward(loss, None, ...)`,
 # which our strategies hand to the Trainer's `outside_backward`.)
-_BOUND_API = {
+_BOUND_API: dict[str, Callable[..., Any]] = {
     "log": module_api.log,
     "log_dict": module_api.log_dict,
     "optimizers": module_api.optimizers,

@@ -157,11 +157,11 @@ def _fit(trainer: Any, module: nn.Module, ckpt_path: str | None) -> None:
 def _fit_watched(trainer: Any, module: nn.Module, ckpt_path: str | None) -> None:
     checkpoint, path = _load_for_fit(trainer, module, ckpt_path)
     trainer.ckpt_path = path
-    if checkpoint is not None:
+    if checkpoint is not None and path is not None:
         checkpointing.restore_module(trainer.strategy.unwrap(module), checkpoint, path)
         checkpointing.restore_callbacks(trainer, module, checkpoint)
     _configure_optimizers(trainer, module)
-    if checkpoint is not None:
+    if checkpoint is not None and path is not None:
         checkpointing.restore_training_state(trainer, module, checkpoint, path)
     callbacks = trainer.callback_list
     callbacks.call("on_fit_start", trainer, module)
@@ -197,9 +197,10 @@ def _prepare_data(trainer: Any, module: nn.Module) -> None:
     datamodule = trainer.datamodule
     if trainer.local_rank == 0:
         for owner in (datamodule, module):
-            if owner is not None and callable(getattr(owner, "prepare_data", None)):
+            prepare = getattr(owner, "prepare_data", None)
+            if callable(prepare):
                 with trainer.strategy.local_work(f"{type(owner).__name__}.prepare_data()"):
-                    owner.prepare_data()  # a download may take minutes while the other ranks wait
+                    prepare()  # a download may take minutes while the other ranks wait
     trainer.strategy.barrier("prepare_data")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -31,11 +32,12 @@ def seed_everything(seed: int | None = None, workers: bool = False) -> int:
 def rng_states(device_type: str = "cpu") -> dict[str, object]:
     """Every RNG state of this process, in checkpoint-safe (weights_only) form; on "cuda" also
     the generator of this process's own GPU (one device per process: the current one)."""
+    numpy_state: Any = np.random.get_state()  # ("MT19937", keys, position, ...): the legacy tuple
     states: dict[str, object] = {
         "torch": torch.get_rng_state(),
         "python": _python_state_to_tensor(random.getstate()),
-        "numpy": torch.from_numpy(np.random.get_state()[1].astype(np.int64)),
-        "numpy_pos": int(np.random.get_state()[2]),
+        "numpy": torch.from_numpy(numpy_state[1].astype(np.int64)),
+        "numpy_pos": int(numpy_state[2]),
     }
     if device_type == "cuda":
         states["cuda_device"] = torch.cuda.get_rng_state()
@@ -84,7 +86,8 @@ def restore_rng_states(states: dict[str, object], device_type: str = "cpu") -> N
         random.setstate(_python_state_from_tensor(states["python"]))  # type: ignore[arg-type]
     if "numpy" in states:
         keys = states["numpy"].cpu().numpy().astype(np.uint32)  # type: ignore[attr-defined]
-        np.random.set_state(("MT19937", keys, int(states.get("numpy_pos", 0)), 0, 0.0))  # type: ignore[arg-type]
+        position: Any = states.get("numpy_pos", 0)
+        np.random.set_state(("MT19937", keys, int(position), 0, 0.0))
     if device_type != "cuda" or not torch.cuda.is_available():
         return
     if "cuda_device" in states:

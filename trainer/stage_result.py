@@ -18,7 +18,7 @@ class StageResult:
     loop_state: dict[str, Any] = field(default_factory=dict)
     callback_states: dict[str, Any] = field(default_factory=dict)
     callback_metrics: dict[str, Any] = field(default_factory=dict)
-    logged_metrics: dict[str, float] = field(default_factory=dict)
+    logged_metrics: dict[str, Any] = field(default_factory=dict)  # tensors on the CPU, as rank 0 logged them
     progress_bar_metrics: dict[str, float] = field(default_factory=dict)
     ckpt_path: str | None = None
     interrupted: bool = False

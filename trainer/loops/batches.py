@@ -141,6 +141,7 @@ def set_sampler_epoch(loader: Any, epoch: int) -> None:
     for member in members(loader):
         for source in (getattr(member, "sampler", None), getattr(member, "batch_sampler", None)):
             for candidate in (source, getattr(source, "sampler", None)):
-                if callable(getattr(candidate, "set_epoch", None)) and id(candidate) not in seen:
+                set_epoch = getattr(candidate, "set_epoch", None)
+                if callable(set_epoch) and id(candidate) not in seen:
                     seen.add(id(candidate))
-                    candidate.set_epoch(epoch)
+                    set_epoch(epoch)
