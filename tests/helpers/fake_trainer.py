@@ -16,6 +16,8 @@ from typing import Any
 import torch
 
 from strategies.base import Strategy
+from trainer.callbacks import EarlyStopping, ModelCheckpoint, TQDMProgressBar
+from trainer.state import TrainerStatus
 
 
 class BroadcastChannel:
@@ -86,6 +88,80 @@ class FakeTrainer:
         self.lightning_module = None
         self.saved: list[tuple[str, bool]] = []
         self.printed: list[str] = []
+        # the rest of trainer/contract.py's surface (tests/unit/trainer/test_contract.py checks it is all here)
+        self.state = TrainerStatus()
+        self.accumulate_grad_batches = 1
+        self.max_epochs: int | None = None
+        self.max_steps = -1
+        self.precision = "32-true"
+        self.num_devices, self.num_nodes = world_size, 1
+        self.ckpt_path: str | None = None
+        self.datamodule: Any = None
+        self.is_last_batch = False
+        self.received_sigterm = False
+
+    @property
+    def interrupted(self) -> bool:
+        return self.state.status == "interrupted"
+
+    @property
+    def local_rank(self) -> int:
+        return self.strategy.local_rank
+
+    @property
+    def node_rank(self) -> int:
+        return self.strategy.node_rank
+
+    @property
+    def model(self) -> Any:
+        return self.lightning_module
+
+    @property
+    def training(self) -> bool:
+        return self.state.stage == "train"
+
+    @property
+    def validating(self) -> bool:
+        return self.state.stage == "validate"
+
+    @property
+    def testing(self) -> bool:
+        return self.state.stage == "test"
+
+    @property
+    def predicting(self) -> bool:
+        return self.state.stage == "predict"
+
+    @property
+    def enable_validation(self) -> bool:
+        return bool(self.num_val_batches) and sum(self.num_val_batches) > 0
+
+    @property
+    def estimated_stepping_batches(self) -> int | float:
+        return self.num_training_batches * (self.max_epochs or 1) // self.accumulate_grad_batches
+
+    def _of_kind(self, kind: type) -> list[Any]:
+        return [callback for callback in self.callbacks if isinstance(callback, kind)]
+
+    @property
+    def checkpoint_callbacks(self) -> list[Any]:
+        return self._of_kind(ModelCheckpoint)
+
+    @property
+    def checkpoint_callback(self) -> Any:
+        return next(iter(self.checkpoint_callbacks), None)
+
+    @property
+    def early_stopping_callbacks(self) -> list[Any]:
+        return self._of_kind(EarlyStopping)
+
+    @property
+    def early_stopping_callback(self) -> Any:
+        return next(iter(self.early_stopping_callbacks), None)
+
+    @property
+    def progress_bar_callback(self) -> Any:
+        return next(iter(self._of_kind(TQDMProgressBar)), None)
 
     @property
     def logger_step(self) -> int:

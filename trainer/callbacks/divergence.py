@@ -14,6 +14,7 @@ import torch
 from typing_extensions import override
 
 from trainer.callbacks.base import Callback
+from trainer.contract import TrainerContract
 
 
 class DivergenceError(RuntimeError):
@@ -29,18 +30,18 @@ class DivergenceGuard(Callback):
         self._last_checked_step = -1
 
     @override
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: TrainerContract, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         step = trainer.global_step
         if step % self.every_n_steps == 0 and step != self._last_checked_step:
             self._last_checked_step = step
             self.check(trainer, pl_module)
 
     @override
-    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+    def on_train_end(self, trainer: TrainerContract, pl_module: Any) -> None:
         if trainer.global_step != self._last_checked_step:
             self.check(trainer, pl_module)
 
-    def check(self, trainer: Any, pl_module: Any) -> None:
+    def check(self, trainer: TrainerContract, pl_module: Any) -> None:
         """Collective: every rank calls it at the same step."""
         named = list(pl_module.named_parameters())
         if not named:

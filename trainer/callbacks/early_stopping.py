@@ -17,6 +17,7 @@ from typing_extensions import override
 
 from trainer.callbacks.base import Callback
 from trainer.callbacks.model_checkpoint import run_on_train_epoch_end
+from trainer.contract import TrainerContract
 
 
 class EarlyStoppingReason(enum.Enum):
@@ -95,24 +96,24 @@ class EarlyStopping(Callback):
         self.stopping_reason_message = state_dict.get("stopping_reason_message")
 
     @override
-    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+    def setup(self, trainer: TrainerContract, pl_module: Any, stage: str) -> None:
         self._fitting = stage == "fit"
 
     @override
-    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+    def teardown(self, trainer: TrainerContract, pl_module: Any, stage: str) -> None:
         self._fitting = False
 
     @override
-    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+    def on_train_epoch_end(self, trainer: TrainerContract, pl_module: Any) -> None:
         if run_on_train_epoch_end(trainer, self._check_on_train_epoch_end):
             self._run_early_stopping_check(trainer)
 
     @override
-    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+    def on_validation_end(self, trainer: TrainerContract, pl_module: Any) -> None:
         if not run_on_train_epoch_end(trainer, self._check_on_train_epoch_end):
             self._run_early_stopping_check(trainer)
 
-    def _run_early_stopping_check(self, trainer: Any) -> None:
+    def _run_early_stopping_check(self, trainer: TrainerContract) -> None:
         if not self._fitting or trainer.sanity_checking or trainer.fast_dev_run:
             return
         outcome = self._decide(trainer.callback_metrics) if trainer.is_global_zero else None

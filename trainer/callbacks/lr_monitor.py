@@ -9,6 +9,7 @@ import torch
 from typing_extensions import override
 
 from trainer.callbacks.base import Callback
+from trainer.contract import TrainerContract
 
 
 class LearningRateMonitor(Callback):
@@ -30,7 +31,7 @@ class LearningRateMonitor(Callback):
         self._last_logged_step = -1
 
     @override
-    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+    def on_train_start(self, trainer: TrainerContract, pl_module: Any) -> None:
         if not trainer.loggers:
             raise ValueError("LearningRateMonitor needs a logger but the Trainer has none (logger=False); "
                              "pass Trainer(logger=True) or a Logger, or remove the callback.")
@@ -47,7 +48,7 @@ class LearningRateMonitor(Callback):
                 self.lrs.setdefault(key, [])
 
     @override
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, trainer: TrainerContract, pl_module: Any, batch: Any, batch_idx: int) -> None:
         step = _batches_stepped(trainer)  # one per batch however many optimizers stepped (Lightning's count)
         every = trainer.log_every_n_steps
         due = bool(every) and ((step + 1) % every == 0 or trainer.should_stop)
@@ -56,11 +57,11 @@ class LearningRateMonitor(Callback):
             self._log(trainer, "step" if self.logging_interval is None else "any")
 
     @override
-    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+    def on_train_epoch_start(self, trainer: TrainerContract, pl_module: Any) -> None:
         if self.logging_interval != "step":
             self._log(trainer, "epoch" if self.logging_interval is None else "any")
 
-    def _log(self, trainer: Any, interval: str) -> None:
+    def _log(self, trainer: TrainerContract, interval: str) -> None:
         stats: dict[str, float] = {}
         named = _named_optimizers(trainer)
         self._continue_series_of_split_optimizers([key for _, keys, _ in named for key in keys])
@@ -96,7 +97,7 @@ class LearningRateMonitor(Callback):
         return stats
 
 
-def _batches_stepped(trainer: Any) -> int:
+def _batches_stepped(trainer: TrainerContract) -> int:
     """Batches that ended with an optimizer step before this one (what Lightning logs learning rates
     at); a trainer without that count (one step per batch) answers with global_step."""
     loop_state = getattr(trainer, "loop_state", None)
@@ -107,7 +108,7 @@ def _has_momentum(optimizer: Any) -> bool:
     return all("betas" in group or "momentum" in group for group in optimizer.param_groups)
 
 
-def _named_optimizers(trainer: Any) -> list[tuple[Any, list[str], str | None]]:
+def _named_optimizers(trainer: TrainerContract) -> list[tuple[Any, list[str], str | None]]:
     """(optimizer, one key per param group, scheduler interval or None when it has no scheduler)."""
     entries: list[tuple[Any, list[str], str | None]] = []
     counts: dict[type, int] = {}

@@ -23,6 +23,7 @@ import torch
 from typing_extensions import override
 
 from trainer.callbacks.base import Callback
+from trainer.contract import TrainerContract
 
 _WORSE = {"min": math.inf, "max": -math.inf}
 
@@ -35,7 +36,7 @@ def resolve_last_checkpoint(dirpath: str | os.PathLike[str] | None) -> str | Non
     return candidates[0] if candidates else None
 
 
-def run_on_train_epoch_end(trainer: Any, explicit: bool | None) -> bool:
+def run_on_train_epoch_end(trainer: TrainerContract, explicit: bool | None) -> bool:
     """Lightning's rule for epoch-level work (saving, early-stopping checks): at train epoch end
     when there is no validation or it runs exactly once at each epoch's end (then both train and
     validation epoch metrics exist), otherwise right after each validation."""
@@ -112,7 +113,7 @@ class ModelCheckpoint(Callback):
 
     # ------------------------------------------------------------------ hooks
     @override
-    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+    def setup(self, trainer: TrainerContract, pl_module: Any, stage: str) -> None:
         self._fitting = stage == "fit"
         self.dirpath = trainer.strategy.broadcast(self._resolve_dirpath(trainer))
         if self.save_last == "link" and "://" in str(self.dirpath):
@@ -120,11 +121,11 @@ class ModelCheckpoint(Callback):
                              f"dirpath={self.dirpath!r} is not one. Use save_last=True there.")
 
     @override
-    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+    def teardown(self, trainer: TrainerContract, pl_module: Any, stage: str) -> None:
         self._fitting = False
 
     @override
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: TrainerContract, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         every = self._every_n_train_steps
         if every >= 1 and trainer.global_step % every == 0 and not self._skip(trainer):
             self._save_or_wait_for_validation(trainer)
@@ -132,7 +133,7 @@ class ModelCheckpoint(Callback):
             self._save_or_wait_for_validation(trainer)
             self._last_time_saved = time.monotonic()
 
-    def _save_or_wait_for_validation(self, trainer: Any) -> None:
+    def _save_or_wait_for_validation(self, trainer: TrainerContract) -> None:
         """A step or time trigger. When the monitored metric is a validation one that does not exist
         yet, or that the validation about to run (after the epoch's last batch) will renew, the
         save happens at that validation's end instead (Lightning's rule)."""
@@ -141,7 +142,7 @@ class ModelCheckpoint(Callback):
             return
         self._save(trainer, top_k=True)
 
-    def _waits_for_validation(self, trainer: Any) -> bool:
+    def _waits_for_validation(self, trainer: TrainerContract) -> bool:
         if self.monitor is None:
             return False
         if self.monitor not in self._monitor_candidates(trainer):  # (epoch and step are always there)
@@ -152,18 +153,18 @@ class ModelCheckpoint(Callback):
         return bool(trainer.enable_validation and sum(trainer.num_val_batches) > 0
                     and (every_n_epochs is None or (trainer.current_epoch + 1) % every_n_epochs == 0))
 
-    def _time_due(self, trainer: Any) -> bool:
+    def _time_due(self, trainer: TrainerContract) -> bool:
         """Rank 0's clock decides (one broadcast a batch), so every rank saves at the same step."""
         assert self._train_time_interval is not None
         elapsed = time.monotonic() - self._last_time_saved
         return bool(trainer.strategy.broadcast(elapsed >= self._train_time_interval.total_seconds()))
 
     @override
-    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+    def on_train_start(self, trainer: TrainerContract, pl_module: Any) -> None:
         self._last_time_saved = time.monotonic()
 
     @override
-    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+    def on_exception(self, trainer: TrainerContract, pl_module: Any, exception: BaseException) -> None:
         """save_on_exception: keep the weights reached when fitting failed (one process only: under DDP
         a rank that raised alone would wait forever for its peers inside the save)."""
         if not (self.save_on_exception and self._fitting) or trainer.sanity_checking or trainer.fast_dev_run:
@@ -191,12 +192,12 @@ class ModelCheckpoint(Callback):
             yaml.dump({path: float(score) for path, score in self.best_k_models.items()}, handle)
 
     @override
-    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+    def on_train_epoch_end(self, trainer: TrainerContract, pl_module: Any) -> None:
         if run_on_train_epoch_end(trainer, self._save_on_train_epoch_end) and not self._skip(trainer):
             self._save(trainer, top_k=self._epoch_due(trainer), last_needs_top_k=True)
 
     @override
-    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+    def on_validation_end(self, trainer: TrainerContract, pl_module: Any) -> None:
         if run_on_train_epoch_end(trainer, self._save_on_train_epoch_end) or self._skip(trainer):
             return
         if self._save_at_validation_end:
@@ -206,7 +207,7 @@ class ModelCheckpoint(Callback):
             self._save(trainer, top_k=self._epoch_due(trainer), last_needs_top_k=True)
 
     @override
-    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+    def on_train_end(self, trainer: TrainerContract, pl_module: Any) -> None:
         """save_last promises a `last.ckpt`: written now when no trigger wrote any checkpoint."""
         if self._save_at_validation_end:
             warnings.warn(f"ModelCheckpoint(monitor={self.monitor!r}): a step or time trigger waited for that "
@@ -267,14 +268,14 @@ class ModelCheckpoint(Callback):
         return self.CHECKPOINT_JOIN_CHAR.join((prefix, filename)) if prefix else filename
 
     # ------------------------------------------------------------------ saving
-    def _skip(self, trainer: Any) -> bool:
+    def _skip(self, trainer: TrainerContract) -> bool:
         return (not self._fitting or bool(trainer.fast_dev_run) or trainer.sanity_checking
                 or self._last_global_step_saved == trainer.global_step)
 
-    def _epoch_due(self, trainer: Any) -> bool:
+    def _epoch_due(self, trainer: TrainerContract) -> bool:
         return self._every_n_epochs >= 1 and (trainer.current_epoch + 1) % self._every_n_epochs == 0
 
-    def _save(self, trainer: Any, top_k: bool, last_needs_top_k: bool = False) -> None:
+    def _save(self, trainer: TrainerContract, top_k: bool, last_needs_top_k: bool = False) -> None:
         """One save event: rank 0 plans, every rank applies that plan and runs its collectives.
         At epoch and validation end, `last` follows only a top-k save of this step (or refreshes a
         link), as in Lightning; step and time triggers always write it."""
@@ -298,7 +299,7 @@ class ModelCheckpoint(Callback):
         if self.verbose and plan["message"]:
             trainer.print(plan["message"])
 
-    def _tell_loggers(self, trainer: Any) -> None:
+    def _tell_loggers(self, trainer: TrainerContract) -> None:
         """Loggers that track checkpoints (Lightning's `after_save_checkpoint`) hear of each save."""
         if not trainer.is_global_zero:
             return
@@ -306,7 +307,7 @@ class ModelCheckpoint(Callback):
             if callable(getattr(logger, "after_save_checkpoint", None)):
                 logger.after_save_checkpoint(self)
 
-    def _plan(self, trainer: Any, top_k: bool, last_needs_top_k: bool) -> dict[str, Any]:
+    def _plan(self, trainer: TrainerContract, top_k: bool, last_needs_top_k: bool) -> dict[str, Any]:
         """Rank 0 only: update the bookkeeping and list the files to write and to delete."""
         resumed_from = getattr(trainer, "ckpt_path", None)
         self._resumed_from = os.path.realpath(resumed_from) if resumed_from else None
@@ -341,7 +342,7 @@ class ModelCheckpoint(Callback):
                 "newest": self._last_checkpoint_saved}
 
     @staticmethod
-    def _link_checkpoint(trainer: Any, filepath: str, linkpath: str) -> None:
+    def _link_checkpoint(trainer: TrainerContract, filepath: str, linkpath: str) -> None:
         """save_last="link": `last.ckpt` becomes a relative symlink to the newest checkpoint, replaced
         atomically on global rank 0 (no copy of the weights); every rank waits for it. Whatever held
         the link's name before (a file, a link, a directory) is replaced."""
@@ -358,7 +359,7 @@ class ModelCheckpoint(Callback):
             os.replace(temporary, linkpath)
         trainer.strategy.barrier("ModelCheckpoint link")
 
-    def _find_last_checkpoints(self, trainer: Any) -> set[str]:
+    def _find_last_checkpoints(self, trainer: TrainerContract) -> set[str]:
         """The `last` files in dirpath (`last.ckpt`, `last-v1.ckpt`, ...: this callback's name and
         extension). `trainer` is part of Lightning's signature for this query; a local directory
         needs nothing from it."""
@@ -421,8 +422,8 @@ class ModelCheckpoint(Callback):
                 and os.path.realpath(previous) != self._resumed_from:
             remove.append(previous)
 
-    def _monitor_candidates(self, trainer: Any) -> dict[str, Any]:
-        metrics = dict(trainer.callback_metrics)
+    def _monitor_candidates(self, trainer: TrainerContract) -> dict[str, Any]:
+        metrics: dict[str, Any] = dict(trainer.callback_metrics)
         for key, default in (("epoch", trainer.current_epoch), ("step", trainer.global_step)):
             value = metrics.get(key)
             metrics[key] = int(value) if isinstance(value, torch.Tensor) else default
@@ -432,7 +433,7 @@ class ModelCheckpoint(Callback):
         return (f"ModelCheckpoint(monitor={self.monitor!r}) could not find {self.monitor!r} in the logged metrics; "
                 f"available: {sorted(metrics)}. Log it with self.log({self.monitor!r}, value) or change `monitor`.")
 
-    def _resolve_dirpath(self, trainer: Any) -> str:
+    def _resolve_dirpath(self, trainer: TrainerContract) -> str:
         """Lightning's default: `<save_dir>/<name>/<version>/checkpoints` of the first logger,
         else `<default_root_dir>/checkpoints`."""
         if self.dirpath is not None:

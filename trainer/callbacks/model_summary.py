@@ -9,6 +9,7 @@ from torch import nn
 from typing_extensions import override
 
 from trainer.callbacks.base import Callback
+from trainer.contract import TrainerContract
 
 
 class ModelSummary(Callback):
@@ -21,13 +22,13 @@ class ModelSummary(Callback):
         self._max_depth = max_depth
 
     @override
-    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+    def on_fit_start(self, trainer: TrainerContract, pl_module: Any) -> None:
         if self._max_depth == 0 or not trainer.is_global_zero:
             return
         print(summarize(pl_module, self._max_depth, trainer))
 
 
-def summarize(module: nn.Module, max_depth: int, trainer: Any = None) -> str:
+def summarize(module: nn.Module, max_depth: int, trainer: TrainerContract | None = None) -> str:
     rows = [(name, type(child).__name__, _count(child)) for name, child in module.named_modules()
             if name and (max_depth == -1 or name.count(".") < max_depth)]
     width = max([len(name) for name, _, _ in rows] + [4])

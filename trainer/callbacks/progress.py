@@ -17,6 +17,7 @@ from typing_extensions import override
 
 from trainer.callbacks.base import Callback
 from trainer.loops.fit_loop import validates_in_epoch
+from trainer.contract import TrainerContract
 
 # A terminal redraws the bar's metrics at most this often: reading them waits for the device.
 _POSTFIX_INTERVAL_S = 0.1
@@ -99,7 +100,7 @@ class TQDMProgressBar(Callback):
         state.pop("_trainer", None)  # the trainer travels to workers on its own
         return state
 
-    def get_metrics(self, trainer: Any, pl_module: Any) -> dict[str, Any]:
+    def get_metrics(self, trainer: TrainerContract, pl_module: Any) -> dict[str, Any]:
         """What the postfix shows: the loss, then every `prog_bar=True` metric, then `v_num`."""
         shown = {key: _scalar(value) for key, value in trainer.progress_bar_metrics.items()}
         if not any("loss" in key for key in shown):
@@ -139,13 +140,13 @@ class TQDMProgressBar(Callback):
         bar.refresh()
 
     @override
-    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+    def setup(self, trainer: TrainerContract, pl_module: Any, stage: str) -> None:
         self._trainer = trainer
         self._rank_zero = trainer.is_global_zero
         self._interactive = stdout_is_terminal()
 
     @override
-    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+    def on_train_epoch_start(self, trainer: TrainerContract, pl_module: Any) -> None:
         self._epoch_started = time.perf_counter()
         if not self.is_enabled:
             return
@@ -161,12 +162,12 @@ class TQDMProgressBar(Callback):
             self.train_progress_bar.set_description(desc, refresh=False)
 
     @override
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: TrainerContract, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.train_progress_bar is not None:
             self._advance(self.train_progress_bar, batch_idx + 1, lambda: self.get_metrics(trainer, pl_module))
 
     @override
-    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+    def on_train_epoch_end(self, trainer: TrainerContract, pl_module: Any) -> None:
         if self.is_enabled and not self._interactive:
             self._print_epoch_line(trainer, pl_module)
         if self.train_progress_bar is not None:
@@ -175,10 +176,10 @@ class TQDMProgressBar(Callback):
                 self._close_train()
 
     @override
-    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+    def on_train_end(self, trainer: TrainerContract, pl_module: Any) -> None:
         self._close_train()
 
-    def _print_epoch_line(self, trainer: Any, pl_module: Any) -> None:
+    def _print_epoch_line(self, trainer: TrainerContract, pl_module: Any) -> None:
         seconds = time.perf_counter() - self._epoch_started
         metrics = "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                             for k, v in self.get_metrics(trainer, pl_module).items())
@@ -187,26 +188,26 @@ class TQDMProgressBar(Callback):
               f"[{seconds:.2f} s, {speed:.1f} it/s]", flush=True)
 
     @override
-    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+    def on_validation_start(self, trainer: TrainerContract, pl_module: Any) -> None:
         if self.is_enabled:
             position = 1 if _shown(self.train_progress_bar) else 0
             self.eval_progress_bar = self._bar("Validation", sum(trainer.num_val_batches), False, position)
             self._eval_done = 0
 
     @override
-    def on_validation_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int,
+    def on_validation_batch_end(self, trainer: TrainerContract, pl_module: Any, outputs: Any, batch: Any, batch_idx: int,
                                 dataloader_idx: int = 0) -> None:
         self._eval_done += 1
         self._advance(self.eval_progress_bar, self._eval_done)
 
     @override
-    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+    def on_validation_end(self, trainer: TrainerContract, pl_module: Any) -> None:
         self._close_eval()
         if self.train_progress_bar is not None:
             self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))
 
     @override
-    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+    def on_exception(self, trainer: TrainerContract, pl_module: Any, exception: BaseException) -> None:
         self._close_eval()
         self._close_train()
 
@@ -224,7 +225,7 @@ def _shown(bar: tqdm | None) -> bool:
     return bar is not None and not bar.disable
 
 
-def _train_total(trainer: Any) -> Any:
+def _train_total(trainer: TrainerContract) -> Any:
     """Batches per epoch; for data without a length, the max_steps the fit runs to (Lightning's)."""
     total = trainer.num_training_batches
     return trainer.max_steps if total == float("inf") and trainer.max_steps > 0 else total

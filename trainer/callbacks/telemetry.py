@@ -28,6 +28,7 @@ from typing import Any
 from typing_extensions import override
 
 from trainer.callbacks.base import Callback
+from trainer.contract import TrainerContract
 
 PREFIX = "telemetry/"
 
@@ -66,28 +67,28 @@ class TelemetryMonitor(Callback):
 
     # ------------------------------------------------------------------ timing hooks
     @override
-    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+    def on_train_start(self, trainer: TrainerContract, pl_module: Any) -> None:
         self._comm_seen = self._comm_fit = _comm_totals(_reducer_summary(trainer))
 
     @override
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, trainer: TrainerContract, pl_module: Any, batch: Any, batch_idx: int) -> None:
         self._marks = {"start": time.perf_counter()}
         self._steps_before = trainer.global_step
 
     @override
-    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+    def on_before_backward(self, trainer: TrainerContract, pl_module: Any, loss: Any) -> None:
         self._marks["before_backward"] = time.perf_counter()
 
     @override
-    def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
+    def on_after_backward(self, trainer: TrainerContract, pl_module: Any) -> None:
         self._marks["after_backward"] = time.perf_counter()
 
     @override
-    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+    def on_before_optimizer_step(self, trainer: TrainerContract, pl_module: Any, optimizer: Any) -> None:
         self._marks["before_optimizer"] = time.perf_counter()
 
     @override
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: TrainerContract, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         end, marks = time.perf_counter(), self._marks
         if "start" not in marks:
             return  # a batch that never started (a None batch the loop skipped): nothing ran, nothing to count
@@ -107,14 +108,14 @@ class TelemetryMonitor(Callback):
             self._report(trainer)
 
     @override
-    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+    def on_train_end(self, trainer: TrainerContract, pl_module: Any) -> None:
         if self._window.steps:
             self._report(trainer)
         if self.print_summary and trainer.is_global_zero and self._fit.steps:
             trainer.print(self.summary_line(trainer))
 
     # ------------------------------------------------------------------ reporting
-    def _report(self, trainer: Any) -> None:
+    def _report(self, trainer: TrainerContract) -> None:
         reducer = _reducer_summary(trainer)
         comm = _comm_totals(reducer)
         metrics = _window_metrics(self._window, _delta(comm, self._comm_seen), reducer)
@@ -130,7 +131,7 @@ class TelemetryMonitor(Callback):
             for logger in trainer.loggers:
                 logger.log_metrics(metrics=logged, step=trainer.logger_step)
 
-    def fit_metrics(self, trainer: Any) -> dict[str, float]:
+    def fit_metrics(self, trainer: TrainerContract) -> dict[str, float]:
         """Per-step averages (ms, %) over every optimizer step of this fit so far."""
         whole = _Window()
         whole.add(self._fit)
@@ -139,7 +140,7 @@ class TelemetryMonitor(Callback):
         return {"steps": float(whole.steps),
                 **_window_metrics(whole, _delta(_comm_totals(reducer), self._comm_fit), reducer)}
 
-    def summary_line(self, trainer: Any) -> str:
+    def summary_line(self, trainer: TrainerContract) -> str:
         """One line for the whole fit: mean step split into phases, overlap and the bucket plan."""
         reducer = _reducer_summary(trainer)
         metrics = self.fit_metrics(trainer)
@@ -156,7 +157,7 @@ class TelemetryMonitor(Callback):
         return line + f" | {count} bucket{'' if count == 1 else 's'} [{sizes}] MiB, bucket_cap_mb={cap}"
 
 
-def _reducer_summary(trainer: Any) -> dict[str, Any] | None:
+def _reducer_summary(trainer: TrainerContract) -> dict[str, Any] | None:
     summary = trainer.strategy.summary()
     reducer = summary.get("reducer") if isinstance(summary, dict) else None
     return reducer if isinstance(reducer, dict) else None
