@@ -16,13 +16,16 @@ StatefulDataLoader) save their position as Lightning does, under
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from trainer.loops.batches import members
 from trainer.state import EvalCount
 
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
 
-def lightning_loops(trainer: Any) -> dict[str, Any]:
+
+def lightning_loops(trainer: Trainer) -> dict[str, Any]:
     """Our position as Lightning's loop counters (only plain ints and bools): every key Lightning's
     Trainer writes, the fit loop's and its evaluation loops'."""
     state = trainer.loop_state
@@ -64,7 +67,7 @@ def lightning_loops(trainer: Any) -> dict[str, Any]:
     return loops
 
 
-def _window_counts(trainer: Any, batches_now: int) -> tuple[int, int]:
+def _window_counts(trainer: Trainer, batches_now: int) -> tuple[int, int]:
     """(optimizer steps, zero_grads) of the current epoch after `batches_now` batches: a step ends
     each accumulation window (the epoch's last batch ends the last one), a zero_grad opens it."""
     every = max(1, trainer.accumulate_grad_batches)
@@ -79,7 +82,7 @@ def _eval_progress(count: EvalCount) -> dict[str, Any]:
             "is_last_batch": count.is_last_batch}
 
 
-def _counters(trainer: Any) -> tuple[dict[str, Any], dict[str, Any], int]:
+def _counters(trainer: Trainer) -> tuple[dict[str, Any], dict[str, Any], int]:
     """(epoch progress, batch progress, batches of the current epoch) where our loop stands.
 
     Lightning counts a unit (batch, epoch) ready/started when it begins, processed when its work

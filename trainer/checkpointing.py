@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import torch
 
@@ -14,12 +14,15 @@ from trainer.hparams import plain_hparams
 from trainer.loops.preemption import run_identity
 from trainer.seed import gather_rng_states
 
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
+
 FORMAT = "ddp-trainer"
 FORMAT_VERSION = 1
 OURS_KEY = "ddp_trainer"  # our exact-resume state, inside "loops" (earlier checkpoints: "loops" itself)
 
 
-def build_checkpoint(trainer: Any, module: Any, weights_only: bool = False) -> dict[str, Any]:
+def build_checkpoint(trainer: Trainer, module: Any, weights_only: bool = False) -> dict[str, Any]:
     """Everything needed to resume exactly, in Lightning's layout (its top-level keys, so Lightning
     can load our checkpoints and a callback sees the dict it expects): weights, optimizer and
     scheduler state, callback states, hyperparameters, and the loop position as Lightning's loop
@@ -31,8 +34,9 @@ def build_checkpoint(trainer: Any, module: Any, weights_only: bool = False) -> d
     ours = {**trainer.loop_state.state_dict(), "format": FORMAT, "format_version": FORMAT_VERSION}
     ours.pop("stage_counts")  # validate/test/predict counts belong to this Trainer, not to the fit resumed
     ours["run"] = run_identity(module)  # a fit resuming automatically checks it is the same run
-    if getattr(trainer, "preemption_mark", None):
-        ours["preemption"] = dict(trainer.preemption_mark)  # which signal; written at the agreed step boundary
+    mark = getattr(trainer, "preemption_mark", None)
+    if mark:
+        ours["preemption"] = dict(mark)  # which signal; written at the agreed step boundary
     checkpoint: dict[str, Any] = {
         "epoch": trainer.loop_state.current_epoch,
         "global_step": trainer.loop_state.global_step,
@@ -148,7 +152,7 @@ def describe_mismatch(expected: dict[str, Any], found: dict[str, Any], shown: in
     return "; ".join(parts) or "the state_dict does not load"
 
 
-def restore_callbacks(trainer: Any, module: Any, checkpoint: dict[str, Any]) -> None:
+def restore_callbacks(trainer: Trainer, module: Any, checkpoint: dict[str, Any]) -> None:
     """Right after the weights, before `configure_optimizers` (Lightning's order): the module's
     `on_load_checkpoint`, then each callback's, then the callbacks' saved states."""
     trainer.callback_list.call_module("on_load_checkpoint", module, checkpoint)
@@ -156,7 +160,7 @@ def restore_callbacks(trainer: Any, module: Any, checkpoint: dict[str, Any]) -> 
     trainer.callback_list.load_state_dict(checkpoint.get("callbacks", {}))
 
 
-def restore_training_state(trainer: Any, module: Any, checkpoint: dict[str, Any], path: str) -> None:
+def restore_training_state(trainer: Trainer, module: Any, checkpoint: dict[str, Any], path: str) -> None:
     """Optimizers, schedulers, scaler, loop position, RNG: what `configure_optimizers` built and
     the loop's position."""
     optimizer_states = checkpoint.get("optimizer_states")
@@ -185,7 +189,7 @@ def restore_training_state(trainer: Any, module: Any, checkpoint: dict[str, Any]
     trainer.loop_state.rng_to_restore = _rng_as(torch.int64, _saved(checkpoint, "rng_states", None))
 
 
-def _check_not_past_max_epochs(trainer: Any, path: str) -> None:
+def _check_not_past_max_epochs(trainer: Trainer, path: str) -> None:
     """Resuming past the last epoch would silently train nothing (Lightning raises too)."""
     max_epochs = trainer.max_epochs
     if max_epochs is not None and max_epochs != -1 and trainer.loop_state.current_epoch > max_epochs:

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler
 
 from strategies.sampler import rebuild_dataloader
 from strategies.rank_zero import rank_zero_warn
 from trainer.combined_loader import CombinedLoader
+
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
 
 HOOKS = {"train": "train_dataloader", "validate": "val_dataloader", "test": "test_dataloader",
          "predict": "predict_dataloader"}
@@ -62,15 +65,15 @@ class DataSources:
         self.loaders = {}
         self.seen_batches = {}
 
-    def defined(self, trainer: Any, stage: str) -> bool:
+    def defined(self, trainer: Trainer, stage: str) -> bool:
         if stage in self.given:
             return True
         return any(overrides(owner, HOOKS[stage]) for owner in (trainer.datamodule, trainer.lightning_module))
 
-    def val_defined(self, trainer: Any) -> bool:
+    def val_defined(self, trainer: Trainer) -> bool:
         return self.defined(trainer, "validate")
 
-    def request(self, trainer: Any, stage: str, required: bool = True) -> list[Any]:
+    def request(self, trainer: Trainer, stage: str, required: bool = True) -> list[Any]:
         """Call the stage's hook (or take the given loaders), shard them for this rank, remember them."""
         loaders = self.given.get(stage)
         if loaders is None:
@@ -94,7 +97,7 @@ class DataSources:
             del self.seen_batches[key]
         return loaders
 
-    def count_training_batches(self, trainer: Any) -> int | float:
+    def count_training_batches(self, trainer: Trainer) -> int | float:
         """Training batches per epoch before the loader was requested (for `estimated_stepping_batches`
         inside `configure_optimizers`): request it now, as Lightning does."""
         from trainer.loops.batches import num_batches
@@ -105,12 +108,12 @@ class DataSources:
         return trainer.num_training_batches
 
     @staticmethod
-    def _from_hooks(trainer: Any, stage: str) -> Any:
+    def _from_hooks(trainer: Trainer, stage: str) -> Any:
         hook = HOOKS[stage]
         datamodule, module = trainer.datamodule, trainer.lightning_module
         if overrides(datamodule, hook):
             return _returned(getattr(datamodule, hook)(), datamodule, hook)
-        if overrides(module, hook):
+        if module is not None and overrides(module, hook):
             return _returned(trainer.callback_list.call_module(hook, module), module, hook)
         return None
 

@@ -7,13 +7,16 @@ exactly what Lightning 2.6's callbacks read (`trainer.fit_loop.epoch_loop...`,
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
 
 
 class _Counts:
     """Lightning's progress counters, all equal to the batches finished in the epoch."""
 
-    def __init__(self, trainer: Any) -> None:
+    def __init__(self, trainer: Trainer) -> None:
         self._trainer = trainer
 
     def __getattr__(self, name: str) -> int:
@@ -23,7 +26,7 @@ class _Counts:
 
 
 class _BatchProgress:
-    def __init__(self, trainer: Any) -> None:
+    def __init__(self, trainer: Trainer) -> None:
         self._trainer = trainer
         self.current = _Counts(trainer)
 
@@ -33,7 +36,7 @@ class _BatchProgress:
 
 
 class _ValLoop:
-    def __init__(self, trainer: Any) -> None:
+    def __init__(self, trainer: Trainer) -> None:
         self._trainer = trainer
 
     @property
@@ -42,7 +45,7 @@ class _ValLoop:
 
 
 class _EpochLoop:
-    def __init__(self, trainer: Any) -> None:
+    def __init__(self, trainer: Trainer) -> None:
         self._trainer = trainer
         self.batch_progress = _BatchProgress(trainer)
         self.val_loop = _ValLoop(trainer)
@@ -64,7 +67,7 @@ class _EpochLoop:
 class FitLoopView:
     """`trainer.fit_loop` as far as Lightning's callbacks look into it."""
 
-    def __init__(self, trainer: Any) -> None:
+    def __init__(self, trainer: Trainer) -> None:
         self._trainer = trainer
         self.epoch_loop = _EpochLoop(trainer)
 
@@ -90,7 +93,7 @@ class FitLoopView:
 class LoggerConnectorView:
     """`trainer._logger_connector.should_update_logs`: will the current batch's values be logged."""
 
-    def __init__(self, trainer: Any) -> None:
+    def __init__(self, trainer: Trainer) -> None:
         self._trainer = trainer
 
     @property

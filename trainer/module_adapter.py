@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from torch import nn
 
 from trainer import module as module_api
 from trainer.module import LightningModule
+
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
 
 # Methods of Lightning's module that reach into its trainer's internals; ours replace them.
 # (Its `manual_backward` needs no replacement: it calls `trainer.strategy.backward(loss, None, ...)`,
@@ -43,7 +46,7 @@ def check_module(module: Any, stage: str = "fit") -> None:
                         "Subclass trainer.LightningModule and implement them.")
 
 
-def attach(module: nn.Module, trainer: Any) -> None:
+def attach(module: nn.Module, trainer: Trainer) -> None:
     """Give the module (and nested Lightning modules) a reference to the trainer."""
     for child in module.modules():
         if child is module or _looks_like_lightning_module(child):
@@ -58,7 +61,7 @@ def detach(module: nn.Module) -> None:
             child.__dict__["_trainer"] = None
 
 
-def _attach_one(module: nn.Module, trainer: Any) -> None:
+def _attach_one(module: nn.Module, trainer: Trainer) -> None:
     module.__dict__["_trainer"] = trainer
     module.__dict__.setdefault("_current_fx_name", None)
     if isinstance(module, LightningModule):

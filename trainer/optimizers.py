@@ -6,9 +6,12 @@ import collections
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
 
 _COMPARED = ("scheduler", "interval", "frequency", "monitor", "name", "strict", "reduce_on_plateau")
 _SCHEDULER_KEYS = {"scheduler", "interval", "frequency", "monitor", "name", "strict", "reduce_on_plateau"}
@@ -160,7 +163,7 @@ class ManualOptimizer:
     """What `self.optimizers()` returns: `.step()` goes through the precision plugin (loss
     scaling) and counts into `trainer.global_step`, as Lightning's LightningOptimizer does."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, trainer: Any) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, trainer: Trainer) -> None:
         # Present as a subclass of the wrapped optimizer's class so `isinstance(opt, SGD)` and
         # `isinstance(opt, Optimizer)` hold in user code; state lives on the wrapped object.
         self.__dict__["optimizer"] = optimizer

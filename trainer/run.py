@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -33,11 +33,14 @@ from trainer.seed import SEED_ENV, seed_everything
 from trainer.stage_result import StageResult
 from trainer.validation import apply_backend_flags
 
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
+
 _DATA_STAGE = {"validate": "validate", "test": "test", "predict": "predict"}
 _RUNNING_STAGE = {"fit": "train", "validate": "validate", "test": "test", "predict": "predict"}
 
 
-def run_stage(trainer: Any, stage: str, model: nn.Module, data: dict[str, Any]) -> Any:
+def run_stage(trainer: Trainer, stage: str, model: nn.Module, data: dict[str, Any]) -> Any:
     check_module(model, stage)
     launcher_pid = data.pop("launcher_pid", None)
     if launcher_pid != os.getpid():
@@ -90,7 +93,7 @@ def _on_cpu(value: Any) -> Any:
     return value.detach().cpu() if isinstance(value, torch.Tensor) else value
 
 
-def _add_module_callbacks(trainer: Any, model: nn.Module) -> None:
+def _add_module_callbacks(trainer: Trainer, model: nn.Module) -> None:
     """`configure_callbacks()` of the module: each replaces the Trainer's callbacks of its type
     (Lightning's rule), the rest are added; checkpointing stays last."""
     extra = trainer.callback_list.call_module("configure_callbacks", model)
@@ -109,9 +112,9 @@ def _reseed_worker() -> None:
         seed_everything(int(os.environ[SEED_ENV]), workers=os.environ.get("PL_SEED_WORKERS") == "1")
 
 
-def _run(trainer: Any, stage: str, model: nn.Module, data: dict[str, Any]) -> Any:
+def _run(trainer: Trainer, stage: str, model: nn.Module, data: dict[str, Any]) -> Any:
     callbacks, strategy = trainer.callback_list, trainer.strategy
-    stage = trainer.state.fn  # the same string, also answering `.value` as Lightning's enum does in hooks
+    stage = trainer.state.fn or stage  # the same string, also answering `.value` as Lightning's enum does
     _prepare_data(trainer, model)
     if trainer.datamodule is not None:
         trainer.datamodule.setup(stage=stage)
@@ -129,7 +132,7 @@ def _run(trainer: Any, stage: str, model: nn.Module, data: dict[str, Any]) -> An
     return output
 
 
-def _run_entry(trainer: Any, module: nn.Module, stage: str, data: dict[str, Any]) -> Any:
+def _run_entry(trainer: Trainer, module: nn.Module, stage: str, data: dict[str, Any]) -> Any:
     ckpt_path = data.get("ckpt_path")
     if stage == "fit":
         return _fit(trainer, module, ckpt_path)
@@ -144,7 +147,7 @@ def _run_entry(trainer: Any, module: nn.Module, stage: str, data: dict[str, Any]
     return _evaluate(trainer, module, stage, ckpt_path, data.get("verbose", True))
 
 
-def _fit(trainer: Any, module: nn.Module, ckpt_path: str | None) -> None:
+def _fit(trainer: Trainer, module: nn.Module, ckpt_path: str | None) -> None:
     """The fit stage; a preemption notice from here on stops it at a step boundary with a checkpoint."""
     with trainer.strategy.preemption_watch() as watch:
         trainer.preemption_watch = watch
@@ -154,7 +157,7 @@ def _fit(trainer: Any, module: nn.Module, ckpt_path: str | None) -> None:
             trainer.preemption_watch = None
 
 
-def _fit_watched(trainer: Any, module: nn.Module, ckpt_path: str | None) -> None:
+def _fit_watched(trainer: Trainer, module: nn.Module, ckpt_path: str | None) -> None:
     checkpoint, path = _load_for_fit(trainer, module, ckpt_path)
     trainer.ckpt_path = path
     if checkpoint is not None and path is not None:
@@ -174,7 +177,7 @@ def _fit_watched(trainer: Any, module: nn.Module, ckpt_path: str | None) -> None
     _finalize_loggers(trainer, "success")
 
 
-def _evaluate(trainer: Any, module: nn.Module, stage: str, ckpt_path: str | None,
+def _evaluate(trainer: Trainer, module: nn.Module, stage: str, ckpt_path: str | None,
               verbose: bool) -> list[dict[str, float]]:
     if not has_step(module, stage):
         step = "validation_step" if stage == "validate" else "test_step"
@@ -192,7 +195,7 @@ def _evaluate(trainer: Any, module: nn.Module, stage: str, ckpt_path: str | None
 
 
 # ---------------------------------------------------------------------- data
-def _prepare_data(trainer: Any, module: nn.Module) -> None:
+def _prepare_data(trainer: Trainer, module: nn.Module) -> None:
     """`prepare_data` once per node (local rank 0) while the other ranks wait."""
     datamodule = trainer.datamodule
     if trainer.local_rank == 0:
@@ -205,7 +208,7 @@ def _prepare_data(trainer: Any, module: nn.Module) -> None:
 
 
 # ---------------------------------------------------------------------- optimizers and checkpoints
-def _configure_optimizers(trainer: Any, module: nn.Module) -> None:
+def _configure_optimizers(trainer: Trainer, module: nn.Module) -> None:
     returned = trainer.callback_list.call_module("configure_optimizers", module)
     optimizers, schedulers = init_optimizers(returned)
     automatic = automatic_optimization(module)
@@ -223,13 +226,13 @@ def _configure_optimizers(trainer: Any, module: nn.Module) -> None:
     trainer.wrapped_optimizers = [ManualOptimizer(optimizer, trainer) for optimizer in optimizers]
 
 
-def _checkpoint_dirs(trainer: Any) -> list[str]:
+def _checkpoint_dirs(trainer: Trainer) -> list[str]:
     dirs = [getattr(cb, "dirpath", None) or os.path.join(trainer.log_dir, "checkpoints")
             for cb in trainer.checkpoint_callbacks]
     return [d for d in dirs if d]
 
 
-def _load_for_fit(trainer: Any, module: nn.Module,
+def _load_for_fit(trainer: Trainer, module: nn.Module,
                   ckpt_path: str | None) -> tuple[dict[str, Any] | None, str | None]:
     """The checkpoint `fit` resumes from: a path, "last" (newest readable one), "best", or None; None
     in a directory holding a preemption checkpoint means the newest checkpoint of this run there."""
@@ -257,7 +260,7 @@ def _load_for_fit(trainer: Any, module: nn.Module,
     return None, None
 
 
-def _best_path(trainer: Any) -> str:
+def _best_path(trainer: Trainer) -> str:
     callback = trainer.checkpoint_callback
     path = getattr(callback, "best_model_path", None) or None
     if not path:
@@ -266,7 +269,7 @@ def _best_path(trainer: Any) -> str:
     return path
 
 
-def _restore_weights(trainer: Any, module: nn.Module, ckpt_path: str | None) -> str | None:
+def _restore_weights(trainer: Trainer, module: nn.Module, ckpt_path: str | None) -> str | None:
     """Load the weights `validate`/`test`/`predict` were asked to use, then the module's and the
     callbacks' `on_load_checkpoint` and the callbacks' states, as Lightning does; returns the file."""
     if ckpt_path is None:
@@ -283,14 +286,14 @@ def _restore_weights(trainer: Any, module: nn.Module, ckpt_path: str | None) -> 
     return paths[0]
 
 
-def _load(trainer: Any, path: str) -> dict[str, Any]:
+def _load(trainer: Trainer, path: str) -> dict[str, Any]:
     checkpoint = trainer.strategy.load_checkpoint(path)
     checkpointing.check_checkpoint(checkpoint, path)
     return checkpoint
 
 
 # ---------------------------------------------------------------------- reporting
-def _log_hyperparams(trainer: Any, module: nn.Module) -> None:
+def _log_hyperparams(trainer: Trainer, module: nn.Module) -> None:
     """As each stage starts, every logger gets the hyperparameters (unless turned off) and the model
     for its graph (`log_graph`; TensorBoardLogger(log_graph=True) draws it), as in Lightning."""
     if not trainer.is_global_zero:
@@ -308,7 +311,7 @@ def _log_hyperparams(trainer: Any, module: nn.Module) -> None:
             logger.save()
 
 
-def _finalize_loggers(trainer: Any, status: str) -> None:
+def _finalize_loggers(trainer: Trainer, status: str) -> None:
     if trainer.is_global_zero:
         trainer.write_logger_metrics()
         for logger in trainer.loggers:

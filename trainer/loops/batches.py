@@ -13,7 +13,7 @@ and pays nothing.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import torch
 from torch.utils.data import IterableDataset
@@ -22,6 +22,9 @@ from trainer.combined_loader import CombinedLoader
 from trainer.data_sources import overrides
 from trainer.precision import move_to_device
 
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
+
 _EVAL_STAGES = ("validate", "test", "predict")
 _EXHAUSTED = object()  # "this rank has no batch left"
 
@@ -29,7 +32,7 @@ _LIMIT_ATTR = {"train": "limit_train_batches", "validate": "limit_val_batches",
                "test": "limit_test_batches", "predict": "limit_predict_batches"}
 
 
-def num_batches(trainer: Any, loader: Any, stage: str) -> int:
+def num_batches(trainer: Trainer, loader: Any, stage: str) -> int:
     """Batches per epoch after `limit_*_batches` (a float is a fraction, an int a count)."""
     limit = getattr(trainer, _LIMIT_ATTR[stage])
     try:
@@ -44,7 +47,7 @@ def num_batches(trainer: Any, loader: Any, stage: str) -> int:
     return min(available, int(limit))
 
 
-def iterate_limited(trainer: Any, loader: Any, stage: str, skip: int = 0,
+def iterate_limited(trainer: Trainer, loader: Any, stage: str, skip: int = 0,
                     on_resumed: Callable[[], None] | None = None, start_at: int = 0,
                     dataloader_idx: int = 0, limit: int | None = None) -> Iterator[tuple[int, Any]]:
     """Yield `(batch_idx, batch on this rank's device)`, stopping at the stage's limit.
@@ -79,13 +82,13 @@ def iterate_limited(trainer: Any, loader: Any, stage: str, skip: int = 0,
         yield batch_idx, batch
 
 
-def transfer_batch(trainer: Any, batch: Any, dataloader_idx: int) -> Any:
+def transfer_batch(trainer: Trainer, batch: Any, dataloader_idx: int) -> Any:
     """Lightning's order: precision conversion, then on_before_batch_transfer,
     transfer_batch_to_device and on_after_batch_transfer, each the DataModule's when it overrides
     it, else the module's (plain device placement for a module without them)."""
     batch = trainer.precision_plugin.convert_input(batch)
     module, device = trainer.lightning_module, trainer.strategy.root_device
-    if not callable(getattr(module, "transfer_batch_to_device", None)):
+    if module is None or not callable(getattr(module, "transfer_batch_to_device", None)):
         return move_to_device(batch, device)
 
     def call(hook: str, *args: Any) -> Any:

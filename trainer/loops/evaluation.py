@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -38,6 +38,9 @@ from trainer.module_adapter import set_current_hook
 from trainer.seed import rng_states, restore_rng_states
 from trainer.state import EvalCount
 
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
+
 # stage -> (hook prefix, step method)
 _STAGES = {"validate": ("validation", "validation_step"), "test": ("test", "test_step"),
            "predict": ("predict", "predict_step")}
@@ -48,7 +51,7 @@ def has_step(module: nn.Module, stage: str) -> bool:
     return overrides(module, _STAGES[stage][1])
 
 
-def run_sanity_check(trainer: Any, module: nn.Module) -> None:
+def run_sanity_check(trainer: Trainer, module: nn.Module) -> None:
     """A few validation batches before training (`num_sanity_val_steps`), to fail fast on a broken
     validation_step. Nothing it logs reaches a logger or the metrics dicts, and the RNG state is
     put back afterwards, so training is the same with or without it."""
@@ -72,12 +75,12 @@ def run_sanity_check(trainer: Any, module: nn.Module) -> None:
     restore_rng_states(saved_rng, trainer.strategy.root_device.type)
 
 
-def run_evaluation(trainer: Any, module: nn.Module, loaders: list[Any], stage: str,
+def run_evaluation(trainer: Trainer, module: nn.Module, loaders: list[Any], stage: str,
                    limits: list[int] | None = None) -> list[dict[str, float]]:
     """Run `validation_step`/`test_step` over every loader; returns Lightning's result list: one dict
     of epoch-level metrics per dataloader."""
     prefix, step_name = _STAGES[stage]
-    callbacks, store = trainer.callback_list, trainer.metric_store
+    store = trainer.metric_store
     previous_stage = trainer.state.stage
     if previous_stage != "sanity_check":
         trainer.state.stage = stage
@@ -98,7 +101,7 @@ def run_evaluation(trainer: Any, module: nn.Module, loaders: list[Any], stage: s
         return _evaluate_loaders(trainer, module, loaders, stage, counts, previous_stage)
 
 
-def _evaluate_loaders(trainer: Any, module: nn.Module, loaders: list[Any], stage: str, counts: list[int],
+def _evaluate_loaders(trainer: Trainer, module: nn.Module, loaders: list[Any], stage: str, counts: list[int],
                       previous_stage: str | None) -> list[dict[str, float]]:
     prefix, step_name = _STAGES[stage]
     callbacks, store = trainer.callback_list, trainer.metric_store
@@ -129,7 +132,7 @@ def _evaluate_loaders(trainer: Any, module: nn.Module, loaders: list[Any], stage
     return results
 
 
-def _run_batches(trainer: Any, module: nn.Module, loaders: list[Any], stage: str, counts: list[int],
+def _run_batches(trainer: Trainer, module: nn.Module, loaders: list[Any], stage: str, counts: list[int],
                  after_step: Any, loader_done: Any = None, *, count: EvalCount) -> None:
     """Each loader in turn, each batch: its batch hooks around the step (`dataloader_idx` passed
     when there are several loaders); `after_step(output, dataloader_idx)`, and
@@ -151,14 +154,14 @@ def _run_batches(trainer: Any, module: nn.Module, loaders: list[Any], stage: str
     count.is_last_batch = True  # also after a loader without a length
 
 
-def _write_step_metrics(trainer: Any, stage: str, loader_idx: int) -> None:
+def _write_step_metrics(trainer: Trainer, stage: str, loader_idx: int) -> None:
     """This batch's step values go to the loggers at the count of batches this loader has run."""
     seen = trainer.data.seen_batches.get((stage, loader_idx), 0)
     trainer.write_eval_step_metrics(step=seen)
     trainer.data.seen_batches[(stage, loader_idx)] = seen + 1
 
 
-def _run_fetching_steps(trainer: Any, module: nn.Module, loaders: list[Any], stage: str, counts: list[int],
+def _run_fetching_steps(trainer: Trainer, module: nn.Module, loaders: list[Any], stage: str, counts: list[int],
                         after_step: Any, loader_done: Any = None, *, count: EvalCount) -> None:
     """A step that reads its own batches (`validation_step(self, dataloader_iter)`): all loaders
     through one StepIterator, the step run while batches remain, the batch hooks given the batch
@@ -193,7 +196,7 @@ def _run_fetching_steps(trainer: Any, module: nn.Module, loaders: list[Any], sta
         loader_done(previous_loader)
 
 
-def run_predict(trainer: Any, module: nn.Module, loaders: list[Any]) -> Any:
+def run_predict(trainer: Trainer, module: nn.Module, loaders: list[Any]) -> Any:
     """Predictions of this rank, per loader (a single loader gives a flat list)."""
     trainer.state.stage = "predict"
     counts = [num_batches(trainer, loader, "predict") for loader in loaders]
@@ -206,7 +209,7 @@ def run_predict(trainer: Any, module: nn.Module, loaders: list[Any]) -> Any:
         return _predict_loaders(trainer, module, loaders)
 
 
-def _predict_loaders(trainer: Any, module: nn.Module, loaders: list[Any]) -> Any:
+def _predict_loaders(trainer: Trainer, module: nn.Module, loaders: list[Any]) -> Any:
     callbacks = trainer.callback_list
     modes = _capture_modes(module)
     callbacks.call_module("on_predict_model_eval", module)
@@ -239,7 +242,7 @@ def print_results(stage: str, results: list[dict[str, float]]) -> None:
         print(f"{key:<{width}}{cells}")
 
 
-def _per_member(trainer: Any, loaders: list[Any], counts: list[int], stage: str) -> list[int]:
+def _per_member(trainer: Trainer, loaders: list[Any], counts: list[int], stage: str) -> list[int]:
     """Lightning reports a combined loader's batches per member loader (`num_val_batches == [3, 2]`
     for one CombinedLoader of a 3- and a 2-batch loader), although it runs as one."""
     if not any(isinstance(loader, CombinedLoader) for loader in loaders):
@@ -253,7 +256,7 @@ def _per_member(trainer: Any, loaders: list[Any], counts: list[int], stage: str)
     return reported
 
 
-def _record_counts(trainer: Any, stage: str, counts: list[int], sanity: bool) -> None:
+def _record_counts(trainer: Trainer, stage: str, counts: list[int], sanity: bool) -> None:
     as_counts = [float("inf") if count < 0 else count for count in counts]
     if sanity:
         trainer.num_sanity_val_batches = as_counts
@@ -264,7 +267,7 @@ def _record_counts(trainer: Any, stage: str, counts: list[int], sanity: bool) ->
 
 
 @contextlib.contextmanager
-def _eval_context(trainer: Any) -> Iterator[None]:
+def _eval_context(trainer: Trainer) -> Iterator[None]:
     """Lightning's rule: `validate`/`test`/`predict` run under torch.inference_mode (unless
     `inference_mode=False`, or under gloo, whose collectives reject inference tensors); validation
     inside `fit` under no_grad, so what it computes can still meet training tensors."""
@@ -295,7 +298,7 @@ def _restore_train_mode(callbacks: Any, module: nn.Module, prefix: str, modes: d
         _set_modes(module, modes)
 
 
-def _step(trainer: Any, module: nn.Module, step_name: str, batch: Any, batch_idx: int, extra: tuple) -> Any:
+def _step(trainer: Trainer, module: nn.Module, step_name: str, batch: Any, batch_idx: int, extra: tuple) -> Any:
     previous = set_current_hook(module, step_name)
     try:
         step = getattr(module, step_name)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from torch import nn
 
@@ -32,8 +32,11 @@ from trainer.loops.preemption import stop_if_preempted
 from trainer.loops.training_step import run_training_batch, step_schedulers
 from trainer.seed import restore_rank_rng_states
 
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
 
-def run_fit(trainer: Any, module: nn.Module) -> None:
+
+def run_fit(trainer: Trainer, module: nn.Module) -> None:
     state, callbacks = trainer.loop_state, trainer.callback_list
     state.validated_in_fit = False
     settle_max_epochs(trainer)
@@ -71,14 +74,14 @@ def run_fit(trainer: Any, module: nn.Module) -> None:
     callbacks.call("on_train_end", trainer, module)
 
 
-def _should_sanity_check(trainer: Any, module: nn.Module) -> bool:
+def _should_sanity_check(trainer: Trainer, module: nn.Module) -> bool:
     """Lightning runs `num_sanity_val_steps` validation batches before training, to fail fast on a
     broken validation_step; a resume mid-epoch skips it."""
     return (trainer.num_sanity_val_steps != 0 and trainer.limit_val_batches != 0 and has_step(module, "validate")
             and trainer.data.val_defined(trainer) and trainer.loop_state.batch_in_epoch == 0)
 
 
-def _request_train_loader(trainer: Any, reload: bool = False) -> Any:
+def _request_train_loader(trainer: Trainer, reload: bool = False) -> Any:
     loaders = trainer.data.loaders.get("train") if not reload else None  # configure_optimizers may have asked
     loaders = loaders or trainer.data.request(trainer, "train")  # one entry: a loader or a CombinedLoader
     total = num_batches(trainer, loaders[0], "train")
@@ -87,14 +90,14 @@ def _request_train_loader(trainer: Any, reload: bool = False) -> Any:
     return loaders[0]
 
 
-def _request_val_loaders(trainer: Any, module: nn.Module) -> None:
+def _request_val_loaders(trainer: Trainer, module: nn.Module) -> None:
     if "validate" not in trainer.data.loaders and has_step(module, "validate") and trainer.enable_validation:
         trainer.data.request(trainer, "validate", required=False)
     loaders = trainer.data.loaders.get("validate", []) if has_step(module, "validate") else []
     trainer.num_val_batches = [_as_count(num_batches(trainer, loader, "validate")) for loader in loaders]
 
 
-def _maybe_reload(trainer: Any, module: nn.Module, train_loader: Any) -> Any:
+def _maybe_reload(trainer: Trainer, module: nn.Module, train_loader: Any) -> Any:
     """reload_dataloaders_every_n_epochs=n: ask the hooks for fresh loaders every n epochs."""
     every = trainer.reload_dataloaders_every_n_epochs
     if not every or trainer.current_epoch - trainer.loop_state.train_loader_epoch < every:
@@ -109,7 +112,7 @@ def _as_count(total: int) -> int | float:
     return float("inf") if total < 0 else total
 
 
-def _run_epoch(trainer: Any, module: nn.Module, train_loader: Any) -> None:
+def _run_epoch(trainer: Trainer, module: nn.Module, train_loader: Any) -> None:
     state, callbacks, store = trainer.loop_state, trainer.callback_list, trainer.metric_store
     set_sampler_epoch(train_loader, state.current_epoch)
     start_sample, state.resume_sample_offset = state.resume_sample_offset, 0
@@ -145,7 +148,7 @@ def _run_epoch(trainer: Any, module: nn.Module, train_loader: Any) -> None:
             output = None
         elif callbacks.call("on_train_batch_start", trainer, module, hook_batch, batch_idx) == -1:
             step_schedulers(trainer, module, "epoch", plateau=False)  # Lightning: the epoch ends here
-            last_idx, stopped = (total - 1 if total != float("inf") else batch_idx), True
+            last_idx, stopped = (int(total) - 1 if total != float("inf") else batch_idx), True
             break  # Lightning: returning -1 ends the epoch early (counted as its last batch)
         else:
             output = run_training_batch(trainer, module, batch, batch_idx, window_end)
@@ -205,7 +208,7 @@ def _batches_or_steps(module: nn.Module, batches: Iterator[tuple[int, Any]]) -> 
         yield steps.last[1], steps
 
 
-def _log_step(trainer: Any, module: nn.Module, window_end: bool) -> None:
+def _log_step(trainer: Trainer, module: nn.Module, window_end: bool) -> None:
     """Step metrics go to the logger every `log_every_n_steps` optimizer steps (Lightning counts
     batches that stepped; accumulating micro-batches log nothing)."""
     automatic = bool(getattr(module, "automatic_optimization", True))
@@ -219,14 +222,14 @@ def _log_step(trainer: Any, module: nn.Module, window_end: bool) -> None:
         trainer.metric_store.drop_logger_metrics()
 
 
-def validates_in_epoch(trainer: Any) -> bool:
+def validates_in_epoch(trainer: Trainer) -> bool:
     """Whether validation runs in the current training epoch (check_val_every_n_epoch)."""
     every_n_epochs = trainer.check_val_every_n_epoch
     due = every_n_epochs is None or (trainer.current_epoch + 1) % every_n_epochs == 0
     return bool(trainer.enable_validation) and due
 
 
-def _should_validate(trainer: Any, batch_idx: int, module: nn.Module, epoch_ended: bool = False) -> bool:
+def _should_validate(trainer: Trainer, batch_idx: int, module: nn.Module, epoch_ended: bool = False) -> bool:
     if not has_step(module, "validate") or not any(trainer.num_val_batches) or not validates_in_epoch(trainer):
         return False
     every_n_epochs = trainer.check_val_every_n_epoch
@@ -243,7 +246,7 @@ def _should_validate(trainer: Any, batch_idx: int, module: nn.Module, epoch_ende
     return (counter + 1) % every == 0 or (batch_idx + 1 == total and isinstance(interval, float) and interval == 1.0)
 
 
-def _check_val_interval(trainer: Any) -> None:
+def _check_val_interval(trainer: Trainer) -> None:
     """An int interval longer than the epoch would silently never validate (Lightning raises too)."""
     interval, total = trainer.val_check_interval, trainer.num_training_batches
     if total == float("inf") and isinstance(interval, float) and interval != 1.0:
@@ -256,14 +259,14 @@ def _check_val_interval(trainer: Any) -> None:
                          "use a smaller int, a float fraction of the epoch, or check_val_every_n_epoch=None.")
 
 
-def _can_stop_early(trainer: Any) -> bool:
+def _can_stop_early(trainer: Trainer) -> bool:
     """`should_stop` is honoured only once min_epochs and min_steps are met (Lightning's rule)."""
     met_epochs = trainer.current_epoch >= (trainer.min_epochs or 0)
     met_steps = trainer.global_step >= (trainer.min_steps or 0)
     return met_epochs and met_steps
 
 
-def _fit_done(trainer: Any) -> bool:
+def _fit_done(trainer: Trainer) -> bool:
     if _max_steps_reached(trainer):
         return True
     max_epochs = effective_max_epochs(trainer)
@@ -277,7 +280,7 @@ def _fit_done(trainer: Any) -> bool:
     return False
 
 
-def effective_max_epochs(trainer: Any) -> int:
+def effective_max_epochs(trainer: Trainer) -> int:
     """Lightning's rule for `max_epochs=None`: no epoch limit when `max_steps` or `max_time` bounds
     the fit, otherwise 1000 epochs (`trainer.max_epochs` takes that value when fit starts)."""
     if trainer.max_epochs is not None:
@@ -285,7 +288,7 @@ def effective_max_epochs(trainer: Any) -> int:
     return -1 if trainer.max_steps != -1 or trainer.max_time is not None else 1000
 
 
-def settle_max_epochs(trainer: Any) -> None:
+def settle_max_epochs(trainer: Trainer) -> None:
     """`max_epochs=None` becomes its value when fit starts (as in Lightning); falling back to 1000
     epochs, with nothing else bounding the fit, is worth a warning."""
     if trainer.max_epochs is not None:
@@ -306,17 +309,17 @@ def _warn_about_eval_mode(module: nn.Module) -> None:
                        "batch norm layers behave as in evaluation. Call .train() on them unless that is intended.")
 
 
-def _max_steps_reached(trainer: Any) -> bool:
+def _max_steps_reached(trainer: Trainer) -> bool:
     return trainer.max_steps >= 0 and trainer.global_step >= trainer.max_steps
 
 
-def _check_time_limit(trainer: Any) -> None:
+def _check_time_limit(trainer: Trainer) -> None:
     """max_time: stop at the first batch boundary past the deadline (Lightning's Timer)."""
     if trainer.max_time is not None and time.monotonic() - trainer.fit_started_at >= trainer.max_time.total_seconds():
         trainer.should_stop = True
 
 
-def _advance_past_finished_epoch(trainer: Any) -> None:
+def _advance_past_finished_epoch(trainer: Trainer) -> None:
     """A checkpoint written at the end of an epoch resumes at the start of the next one."""
     state = trainer.loop_state
     if trainer.num_training_batches != float("inf") and 0 <= trainer.num_training_batches <= state.batch_in_epoch:
@@ -324,7 +327,7 @@ def _advance_past_finished_epoch(trainer: Any) -> None:
         state.batch_in_epoch = state.samples_in_epoch = state.resume_sample_offset = 0
 
 
-def _count_skipped_validation(trainer: Any, module: nn.Module) -> None:
+def _count_skipped_validation(trainer: Trainer, module: nn.Module) -> None:
     """A checkpoint written in `on_train_batch_end`, before that batch's validation, resumes at the
     next batch without running it; Lightning counts that validation's batches as run all the same."""
     state = trainer.loop_state
@@ -339,7 +342,7 @@ def _count_skipped_validation(trainer: Any, module: nn.Module) -> None:
         state.fit_validation.is_last_batch = True
 
 
-def _continue_sample_stream(trainer: Any, train_loader: Any) -> None:
+def _continue_sample_stream(trainer: Trainer, train_loader: Any) -> None:
     """A mid-epoch checkpoint from another number of processes: resume the epoch's *global*
     sample order at the samples already consumed, instead of at a per-rank batch index (which
     would repeat or skip data). Batch numbering continues so the epoch still ends at the last
@@ -357,12 +360,12 @@ def _continue_sample_stream(trainer: Any, train_loader: Any) -> None:
         return
     dataset_size = len(sampler.dataset)
     if state.samples_in_epoch >= dataset_size:
-        state.batch_in_epoch = trainer.num_training_batches  # the epoch was complete
+        state.batch_in_epoch = int(trainer.num_training_batches)  # the epoch was complete (a sized sampler)
         return
     sampler.set_start_sample(state.samples_in_epoch)
     left = len(train_loader)
     sampler.set_start_sample(0)
-    state.batch_in_epoch = max(0, trainer.num_training_batches - left)
+    state.batch_in_epoch = max(0, int(trainer.num_training_batches) - left)
     state.resume_sample_offset = state.samples_in_epoch
     rank_zero_info(f"Resuming epoch {state.current_epoch} written by {saved_world} process(es) on "
                    f"{trainer.world_size}: continuing its sample order after {state.samples_in_epoch} of "
@@ -375,13 +378,13 @@ def _resumable_sampler(loader: Any) -> Any:
     return sampler if callable(getattr(sampler, "set_start_sample", None)) else None
 
 
-def _global_batch_size(trainer: Any, loader: Any) -> int:
+def _global_batch_size(trainer: Trainer, loader: Any) -> int:
     """Samples this step consumed on all ranks (the sampler pads, so every rank's batch is alike)."""
     per_rank = trainer.metric_store.current_batch_size or getattr(loader, "batch_size", None) or 1
     return int(per_rank) * trainer.world_size
 
 
-def _restore_rng(trainer: Any) -> None:
+def _restore_rng(trainer: Trainer) -> None:
     """Put back every rank's RNG exactly where the checkpoint was taken: after the resumed epoch's
     iterator was built (building one draws a seed) and its finished batches were drawn."""
     states, trainer.loop_state.rng_to_restore = trainer.loop_state.rng_to_restore, None

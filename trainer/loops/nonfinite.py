@@ -23,9 +23,12 @@ the same first bad step and raises at the same point; naming the culprits is one
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
 
 _NONE = -1
 _ROWS = 256  # steps buffered on the device between folds (bounded memory when nothing reads sooner)
@@ -40,7 +43,7 @@ class NonFiniteWatch:
         self._filled = 0
         self._run_start = (0, 0)  # (step, epoch) of row 0
 
-    def usable(self, trainer: Any, optimizer: Any, loss: torch.Tensor | None) -> bool:
+    def usable(self, trainer: Trainer, optimizer: Any, loss: torch.Tensor | None) -> bool:
         """Whether the optimizer may step now (False only under "skip"); `loss` is this rank's."""
         if trainer.on_nonfinite == "ignore" or trainer.precision_plugin.scaler is not None:
             return True
@@ -91,7 +94,7 @@ class NonFiniteWatch:
         self._first_bad = torch.where(first_bad_here, now, self._first_bad)
         self._filled = 0
 
-    def check(self, trainer: Any) -> None:
+    def check(self, trainer: Trainer) -> None:
         """Raise if a step so far had non-finite gradients. Every rank calls it at the same point."""
         self._fold()
         if self._first_bad is None:

@@ -17,19 +17,22 @@ from __future__ import annotations
 import hashlib
 import os
 import warnings
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from strategies.rank_zero import rank_zero_info
 from trainer.hparams import plain_hparams
 
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
+
 PREEMPTION_CHECKPOINT = "preempted.ckpt"
 
 
-def preemption_checkpoint_path(trainer: Any) -> str:
+def preemption_checkpoint_path(trainer: Trainer) -> str:
     return os.path.join(str(trainer.default_root_dir), PREEMPTION_CHECKPOINT)
 
 
-def stop_if_preempted(trainer: Any) -> None:
+def stop_if_preempted(trainer: Trainer) -> None:
     """At a step boundary (every rank, the same sequence): when the ranks agreed to stop here,
     write the preemption checkpoint and raise `Preempted` (a SystemExit with code 75). A checkpoint
     that cannot be written still ends the job the same way (requeued), with the error chained."""
@@ -72,7 +75,7 @@ def same_run(module: Any, checkpoint: dict[str, Any], path: str) -> bool:
     return False
 
 
-def default_resume_candidates(trainer: Any) -> str | None:
+def default_resume_candidates(trainer: Trainer) -> str | None:
     """A fit without `ckpt_path`, in a directory holding a preemption checkpoint: resume from the newest
     of it and the checkpoints written since (a resumed run that later crashed must not rewind)."""
     path = preemption_checkpoint_path(trainer)
@@ -84,7 +87,7 @@ def default_resume_candidates(trainer: Any) -> str | None:
     return "last"
 
 
-def discard_if_consumed(trainer: Any) -> None:
+def discard_if_consumed(trainer: Trainer) -> None:
     """After a fit that completed a preempted run: remove its preemption checkpoint, so that a later fit
     in the same directory does not resume a finished run."""
     if getattr(trainer, "resumed_after_preemption", False):

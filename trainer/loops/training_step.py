@@ -21,7 +21,7 @@ import functools
 import inspect
 import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -29,12 +29,15 @@ from torch import nn
 from strategies.rank_zero import rank_zero_warn
 from trainer.module_adapter import automatic_optimization, set_current_hook
 
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
+
 
 class _SkipStep(Exception):
     """Raised inside the optimizer's closure to skip a step with non-finite gradients."""
 
 
-def run_training_batch(trainer: Any, module: nn.Module, batch: Any, batch_idx: int, window_end: bool) -> Any:
+def run_training_batch(trainer: Trainer, module: nn.Module, batch: Any, batch_idx: int, window_end: bool) -> Any:
     """Run one batch; returns Lightning's `outputs` for `on_train_batch_end`: a dict with the
     (accumulation-normalised, detached) "loss" and whatever else `training_step` returned."""
     if not automatic_optimization(module):
@@ -53,7 +56,7 @@ def run_training_batch(trainer: Any, module: nn.Module, batch: Any, batch_idx: i
 class _Closure:
     """training_step, zero_grad and backward of one micro-batch; remembers the step's output."""
 
-    def __init__(self, trainer: Any, module: nn.Module, batch: Any, batch_idx: int, optimizer: Any,
+    def __init__(self, trainer: Trainer, module: nn.Module, batch: Any, batch_idx: int, optimizer: Any,
                  zero_grad: bool) -> None:
         self.trainer, self.module, self.batch, self.batch_idx = trainer, module, batch, batch_idx
         self.optimizer, self.zero_grad = optimizer, zero_grad
@@ -96,7 +99,7 @@ def _normalize(loss: torch.Tensor, accumulate_grad_batches: int) -> torch.Tensor
     return loss if accumulate_grad_batches == 1 else loss / accumulate_grad_batches
 
 
-def backward(trainer: Any, module: nn.Module, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+def backward(trainer: Trainer, module: nn.Module, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
     """on_before_backward -> the module's `backward` hook (the strategy reduces the gradients it
     produces) -> on_after_backward; shared by automatic and manual optimization."""
     callbacks, precision = trainer.callback_list, trainer.precision_plugin
@@ -107,7 +110,7 @@ def backward(trainer: Any, module: nn.Module, loss: torch.Tensor, *args: Any, **
     callbacks.call("on_after_backward", trainer, module)
 
 
-def training_step(trainer: Any, module: nn.Module, batch: Any, batch_idx: int) -> Any:
+def training_step(trainer: Trainer, module: nn.Module, batch: Any, batch_idx: int) -> Any:
     previous = set_current_hook(module, "training_step")
     try:
         with trainer.precision_plugin.autocast():
@@ -136,7 +139,7 @@ def _takes_batch_idx(function: Any, min_args: int) -> bool:
         or any(p.name == "batch_idx" for p in parameters)
 
 
-def _optimizer_step(trainer: Any, module: nn.Module, batch_idx: int, optimizer: Any, closure: _Closure) -> None:
+def _optimizer_step(trainer: Trainer, module: nn.Module, batch_idx: int, optimizer: Any, closure: _Closure) -> None:
     """Hand the closure to the module's `optimizer_step`; the optimizer runs it, then the hooks that
     need the reduced gradients run, then the update. Every rank has identical gradients here."""
     callbacks, precision = trainer.callback_list, trainer.precision_plugin
@@ -165,7 +168,7 @@ def _optimizer_step(trainer: Any, module: nn.Module, batch_idx: int, optimizer: 
     trainer.loop_state.global_step += 1
 
 
-def _run_manual_batch(trainer: Any, module: nn.Module, batch: Any, batch_idx: int) -> Any:
+def _run_manual_batch(trainer: Trainer, module: nn.Module, batch: Any, batch_idx: int) -> Any:
     """Manual optimization: the module calls `manual_backward` and `optimizer.step()` itself;
     the optimizers it gets from `self.optimizers()` count steps into `global_step`."""
     output = training_step(trainer, module, batch, batch_idx)
@@ -181,7 +184,7 @@ def _run_manual_batch(trainer: Any, module: nn.Module, batch: Any, batch_idx: in
                     "optimization it returns a tensor, a dict, or nothing.")
 
 
-def step_schedulers(trainer: Any, module: nn.Module, interval: str, batch_idx: int = 0,
+def step_schedulers(trainer: Trainer, module: nn.Module, interval: str, batch_idx: int = 0,
                     plateau: bool | None = None) -> None:
     """Step the schedulers of `interval` whose frequency is due (Lightning counts "step" schedulers by
     the batch index in the epoch, "epoch" ones by epoch); plateau ones read their monitor, and are
@@ -197,7 +200,7 @@ def step_schedulers(trainer: Any, module: nn.Module, interval: str, batch_idx: i
             continue
         metric = None
         if config.reduce_on_plateau:
-            metric = trainer.callback_metrics.get(config.monitor)
+            metric = trainer.callback_metrics.get(config.monitor) if config.monitor else None
             if metric is None:
                 if config.strict:
                     raise KeyError(f"ReduceLROnPlateau monitors {config.monitor!r}, which was not logged; logged: "
