@@ -5,6 +5,11 @@ compute. With NCCL on a GPU, small buckets hide communication behind backward; w
 CPU whose cores are all busy computing, the all-reduce is itself CPU work, so overlapping it
 mostly time-slices the same cores and one large bucket can win. Only a measurement knows.
 
+The tuning lives here, not in the reducer: the reducer only plans buckets and offers
+`replan(cap)` between passes and an `after_sync` callback with each pass's times. `CapTuning`
+plugs into that callback; the strategy (ours or the Lightning plug-in) attaches it and carries
+its pick into checkpoints.
+
 The schedule is a pure state machine (unit-tested without a process group): each candidate
 plan gets `settle_steps` unmeasured steps (new buffers, caches) and then `measure_steps` timed
 ones; the metric is the reducer's synchronised step time (backward + exposed communication),
@@ -16,18 +21,25 @@ both are collectives every rank issues at the same synchronised step.
 
 from __future__ import annotations
 
+import logging
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from strategies.hang_guard import LEDGER
+from strategies.telemetry import StepTimes
+
+if TYPE_CHECKING:  # the reducer is imported where one is built; this module stays light for the launcher
+    from strategies.reducer import GradReducer
 
 AUTO = "auto"
 DEFAULT_CANDIDATES_MB: tuple[float, ...] = (1.0, 4.0, 25.0, 100.0)
+FIRST_PASS_CAP_MB = 25.0  # "auto": the plan of the first pass, which only observes the readiness order
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -144,3 +156,75 @@ def autotuner_for(bucket_cap_mb: float | str, candidates_mb: Sequence[float] | N
     if bucket_cap_mb != AUTO:
         return None
     return BucketAutotuner([float(mb) for mb in candidates_mb or DEFAULT_CANDIDATES_MB], measure_steps=measure_steps)
+
+
+def first_pass_cap_mb(bucket_cap_mb: float | str) -> float:
+    """The cap a reducer is built with: the number given, or for "auto" the first pass's plan
+    (that pass only observes the readiness order the candidates are then planned in)."""
+    return FIRST_PASS_CAP_MB if bucket_cap_mb == AUTO else float(bucket_cap_mb)
+
+
+class CapTuning:
+    """`bucket_cap_mb="auto"` for one reducer: after every synchronised pass (the reducer's
+    `after_sync`, so on every rank at the same pass) it feeds the pass's time to the tuner and
+    re-plans the reducer when the tuner moves on to another candidate or has agreed on one."""
+
+    def __init__(self, reducer: GradReducer, tuner: BucketAutotuner) -> None:
+        self.tuner = tuner
+        self._reducer = reducer
+        self._ordered = False  # True once the first pass (the reducer's rebuild) is behind us
+        reducer.after_sync = self.after_sync
+
+    @classmethod
+    def attach(cls, reducer: GradReducer, bucket_cap_mb: float | str, candidates_mb: Sequence[float] | None = None,
+               measure_steps: int = 3, adopted_mb: float | None = None) -> CapTuning | None:
+        """Tune `reducer` when `bucket_cap_mb` is "auto" (None for a number); before its first pass.
+        `adopted_mb` is a cap chosen earlier (a checkpoint's), used instead of measuring."""
+        tuner = autotuner_for(bucket_cap_mb, candidates_mb, measure_steps)
+        if tuner is None:
+            return None
+        tuning = cls(reducer, tuner)
+        if adopted_mb is not None:
+            tuning.adopt(adopted_mb)
+        return tuning
+
+    @property
+    def chosen_mb(self) -> float | None:
+        return self.tuner.chosen_mb
+
+    def adopt(self, bucket_cap_mb: float) -> None:
+        """Use a cap chosen earlier (a checkpoint's) instead of measuring; between steps, on every rank."""
+        self._reducer.replan(float(bucket_cap_mb))  # validates it first
+        self.tuner = BucketAutotuner([float(bucket_cap_mb)])
+
+    def after_sync(self, step: StepTimes) -> None:
+        """The reducer's end-of-pass callback: start trying candidates, or record and move on."""
+        if not self._ordered:
+            self._ordered = True
+            self._try_distinct_plans()
+        elif not self.tuner.done and self.tuner.record(step.backward_s + step.exposed_comm_s):
+            self._next_candidate()
+
+    def summary(self) -> dict[str, Any]:
+        return self.tuner.summary()
+
+    def _try_distinct_plans(self) -> None:
+        """The reducer has just rebuilt in the observed order: keep the candidates whose plans differ."""
+        if not self.tuner.done:
+            plans = {mb: self._reducer.plan_for(mb) for mb in self.tuner.candidates_mb}
+            self.tuner.narrow(distinct_candidates(plans))
+        self._reducer.replan(self.tuner.current_mb)
+
+    def _next_candidate(self) -> None:
+        tuner = self.tuner
+        if tuner.measured_all:
+            chosen = tuner.agree(self._reducer.process_group, self._reducer.world_size)
+            _log.info("bucket_cap_mb='auto' chose %s MiB (slowest-rank step ms per candidate %s: %s)",
+                      chosen, tuner.candidates_mb, tuner.agreed_ms)
+        self._reducer.replan(tuner.current_mb)
+
+
+def reducer_summary(reducer: GradReducer, tuning: CapTuning | None) -> dict[str, Any]:
+    """The reducer's summary with what "auto" measured under "autotune" (None for a fixed cap),
+    where the telemetry callback and the benchmarks read it."""
+    return {**reducer.summary(), "autotune": tuning.summary() if tuning is not None else None}

@@ -12,6 +12,7 @@ communication starts early in backward.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -100,9 +101,6 @@ class GradBucket:
                 raise ValueError(f"bucket {index} mixes {first.device}/{first.dtype} with "
                                  f"{param.device}/{param.dtype}; plan with plan_buckets(), which groups them.")
         self.index = index
-        # True when the reducer already divided every slot by the world size (hooks that declare
-        # `accepts_prescaled` then skip their own division pass).
-        self.prescaled = False
         self.parameters: list[torch.Tensor] = list(parameters)
         total = sum(param.numel() for param in parameters)
         self._buffer = torch.zeros(total, dtype=first.dtype, device=first.device)
@@ -150,3 +148,55 @@ class GradBucket:
 def build_buckets(params: Sequence[torch.Tensor], plan: Iterable[Sequence[int]]) -> list[GradBucket]:
     """Allocate one zeroed flat buffer per planned bucket."""
     return [GradBucket(index, [params[i] for i in indexes]) for index, indexes in enumerate(plan)]
+
+
+class BucketLayout:
+    """The buckets of one plan and, per parameter, its bucket and its slot (a view into that
+    bucket's buffer): what the reducer looks up at every gradient hook."""
+
+    def __init__(self, params: Sequence[torch.Tensor], plan: list[list[int]]) -> None:
+        self.plan = plan
+        self.buckets = build_buckets(params, plan)
+        self.bucket_of = [0] * len(params)  # param index -> bucket index
+        self.views: list[torch.Tensor] = [torch.empty(0)] * len(params)  # param index -> its slot
+        for bucket_index, (indexes, bucket) in enumerate(zip(plan, self.buckets)):
+            for param_index, view in zip(indexes, bucket.views()):
+                self.bucket_of[param_index] = bucket_index
+                self.views[param_index] = view
+
+    def take_grads(self, params: Sequence[torch.Tensor]) -> None:
+        """Make every existing `.grad` its slot, value kept: after a re-plan with
+        `gradient_as_bucket_view`, the (averaged) gradients still live in the old buffers."""
+        for param, view in zip(params, self.views):
+            if param.grad is not None:
+                view.copy_(param.grad)
+                param.grad = view
+
+    def release_grads(self, params: Sequence[torch.Tensor]) -> None:
+        """Give every `.grad` its own memory again: the buffers it may be a slot of are about to go."""
+        for param in params:
+            if param.grad is not None:
+                param.grad = param.grad.clone()
+
+    def write_back(self, params: Sequence[torch.Tensor], results: Sequence[torch.Tensor],
+                   used: list[int] | None, as_view: bool) -> None:
+        """Put each bucket's averaged `result` into its buffer and each parameter's slot into its `.grad`
+        (as the slot itself with `as_view`, else copied), except parameters no rank used (`used`)."""
+        for indexes, bucket, result in zip(self.plan, self.buckets, results):
+            if result.data_ptr() != bucket.buffer().data_ptr():  # the hook answered in a new tensor
+                bucket.buffer().copy_(result.view_as(bucket.buffer()))
+            for index, view in zip(indexes, bucket.views()):
+                if used is not None and not used[index]:
+                    continue  # no rank produced a gradient: leave .grad as it was (None)
+                param = params[index]
+                if as_view:
+                    if param.grad is None:  # otherwise .grad already is the view (the reducer put it there)
+                        param.grad = view
+                elif param.grad is None:
+                    param.grad = view.clone()
+                else:
+                    param.grad.copy_(view)
+
+    def summary(self) -> dict[str, Any]:
+        return {"buckets": len(self.buckets), "bucket_sizes_mib": [bucket.nbytes / MIB for bucket in self.buckets],
+                "bucket_param_indices": [list(indexes) for indexes in self.plan]}

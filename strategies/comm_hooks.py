@@ -10,29 +10,53 @@ transport (shared memory between CPU ranks of one host, else the process group);
 calls `torch.distributed` itself always uses the process group.
 
 Division happens *before* the sum, as in torch's default hooks: it keeps the summed values in
-the range of the gradients themselves, which matters most for the fp16 hook.
+the range of the gradients themselves, which matters most for the fp16 hook. For the built-in
+hooks the reducer divides while copying gradients into the bucket (`state.prescaled`), which
+saves the hook a pass over the buffer; a custom hook always receives the undivided gradients.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from strategies.buckets import GradBucket
-from strategies.shm_transport import SharedMemoryAllReduce
+from strategies.shm_transport import SharedMemoryAllReduce, check_transport, connect_shared_memory
 
 
 @dataclass(frozen=True)
 class CommHookState:
-    """What the built-in hooks need: the group to reduce over, its size, and the same-host
-    shared-memory transport when the reducer set one up (see strategies/shm_transport.py)."""
+    """What the built-in hooks need: the group to reduce over, its size, the same-host
+    shared-memory transport when `connect` could set one up (strategies/shm_transport.py), and
+    whether the reducer already divided every bucket by the world size (`prescaled`, only ever
+    True for the hooks `accepts_prescaled` names), so averaging must not divide again."""
 
     process_group: dist.ProcessGroup | None
     world_size: int
     shared_memory: SharedMemoryAllReduce | None = None
+    prescaled: bool = False
+
+    @classmethod
+    def connect(cls, process_group: dist.ProcessGroup | None, params: Sequence[torch.Tensor], *, transport: str,
+                timeout: timedelta, prescale: bool) -> CommHookState:
+        """The state a reducer of `params` hands its hook; a collective when there are several ranks.
+
+        `prescale`: the hook accepts buckets already divided by the world size (see
+        `accepts_prescaled`); it only takes effect where there is more than one rank.
+        """
+        check_transport(transport)
+        world_size = _group_size(process_group)
+        shared_memory = _connect_transport(process_group, world_size, params, transport, timeout)
+        return cls(process_group, world_size, shared_memory, prescaled=prescale and world_size > 1)
+
+    def close(self) -> None:
+        """Release the shared-memory transport, if any (idempotent)."""
+        if self.shared_memory is not None:
+            self.shared_memory.close()
 
     def all_reduce_async(self, tensor: torch.Tensor,
                          wire_dtype: torch.dtype | None = None) -> torch.futures.Future[list[torch.Tensor]]:
@@ -52,6 +76,30 @@ class CommHookState:
         return work.get_future()
 
 
+def _group_size(process_group: dist.ProcessGroup | None) -> int:
+    """World size of the group; 1 (no communication) when torch.distributed is not initialised."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(process_group)
+    if process_group is not None:
+        raise RuntimeError("A process_group was passed but torch.distributed is not initialised; "
+                           "call dist.init_process_group first.")
+    return 1
+
+
+def _connect_transport(process_group: dist.ProcessGroup | None, world_size: int, params: Sequence[torch.Tensor],
+                       transport: str, timeout: timedelta) -> SharedMemoryAllReduce | None:
+    """Shared memory between CPU ranks of one host when possible ("auto"), else the process group."""
+    if world_size == 1:
+        return None
+    devices = {param.device.type for param in params}
+    if devices != {"cpu"}:
+        if transport == "shared_memory":
+            raise ValueError(f"transport='shared_memory' reduces CPU gradients only; these parameters live on "
+                             f"{sorted(devices)}. Use transport='auto' or 'process_group'.")
+        return None
+    return connect_shared_memory(process_group, transport=transport, timeout=timeout)
+
+
 CommHook = Callable[[CommHookState, GradBucket], "torch.futures.Future[torch.Tensor]"]
 
 
@@ -65,19 +113,17 @@ def completed_future(tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]
 
 def allreduce_mean(state: CommHookState, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Average the bucket in place: divide by world size (unless the reducer already did, while
-    copying the gradients in: `bucket.prescaled`), then sum over ranks."""
+    copying the gradients in: `state.prescaled`), then sum over ranks."""
     if state.world_size == 1:  # the mean over one rank is the value itself: skip the collective
         return completed_future(bucket.buffer())
     return _mean_in_place(state, bucket)
 
 
-allreduce_mean.accepts_prescaled = True  # type: ignore[attr-defined]  # read by GradReducer
-
 
 def _mean_in_place(state: CommHookState, bucket: GradBucket,
                    wire_dtype: torch.dtype | None = None) -> torch.futures.Future[torch.Tensor]:
     buffer = bucket.buffer()
-    if not bucket.prescaled:
+    if not state.prescaled:
         buffer.div_(state.world_size)
     return state.all_reduce_async(buffer, wire_dtype).then(lambda fut: fut.value()[0])
 
@@ -96,7 +142,7 @@ def _compressed_mean(dtype: torch.dtype) -> CommHook:
         # two); for a power-of-two world size, x / n rounded equals x rounded, then / n.
         compressed = bucket.scratch(dtype)
         compressed.copy_(buffer)
-        if not bucket.prescaled:
+        if not state.prescaled:
             compressed.div_(state.world_size)
 
         def decompress(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
@@ -105,7 +151,6 @@ def _compressed_mean(dtype: torch.dtype) -> CommHook:
 
         return state.all_reduce_async(compressed).then(decompress)
 
-    hook.accepts_prescaled = True  # type: ignore[attr-defined]  # read by GradReducer
     return hook
 
 
@@ -122,6 +167,13 @@ COMM_HOOKS: dict[str, CommHook] = {
     "fp16": fp16_compress,
     "bf16": bf16_compress,
 }
+
+
+def accepts_prescaled(hook: CommHook) -> bool:
+    """Whether the reducer may divide by the world size while copying gradients in (one pass over
+    the gradient instead of two): only for the built-in hooks, which know to read `state.prescaled`.
+    Compared by identity, so a custom callable need not be hashable."""
+    return any(hook is builtin for builtin in COMM_HOOKS.values())
 
 
 def resolve_comm_hook(hook: str | CommHook | None) -> CommHook:

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from strategies import process_group
-from strategies.autotune import AUTO
+from strategies.autotune import AUTO, CapTuning, first_pass_cap_mb, reducer_summary
 from strategies.base import ACCELERATORS, ReduceOp, Strategy
 from strategies.checkpoint_io import CheckpointIO
 from strategies.hang_guard import LEDGER, HangGuard
@@ -102,6 +102,7 @@ class DDPStrategy(Strategy):
         self._hang_guard: HangGuard | None = None
         self._environment: ClusterEnvironment | None = None
         self._reducer: GradReducer | None = None
+        self._tuning: CapTuning | None = None  # bucket_cap_mb="auto" driving the reducer
         self._buffers_due = True  # torch DDP's require_forward_param_sync: sync buffers at the next forward
         self._owns_process_group = False
 
@@ -195,13 +196,12 @@ class DDPStrategy(Strategy):
         if self._reducer is not None:
             self._reducer.remove()
         self._buffers_due = True
-        self._reducer = GradReducer(module, bucket_cap_mb=self.bucket_cap_mb,
+        self._reducer = GradReducer(module, bucket_cap_mb=first_pass_cap_mb(self.bucket_cap_mb),
                                     first_bucket_cap_mb=self.first_bucket_cap_mb,
                                     gradient_as_bucket_view=self.gradient_as_bucket_view,
                                     comm_hook=self.comm_hook, find_unused_parameters=self.find_unused_parameters,
                                     transport=self.transport, timeout=self.timeout)
-        if self._tuned_bucket_cap_mb is not None:
-            self._reducer.adopt_bucket_cap(self._tuned_bucket_cap_mb)
+        self._tuning = CapTuning.attach(self._reducer, self.bucket_cap_mb, adopted_mb=self._tuned_bucket_cap_mb)
         return module
 
     @override
@@ -239,7 +239,7 @@ class DDPStrategy(Strategy):
             self._hang_guard = None
         if self._reducer is not None:
             self._reducer.remove()
-            self._reducer = None
+            self._reducer = self._tuning = None
         # Under torchrun/SLURM and in our own workers the process lives on for the next stage
         # (fit, then test): the group stays, since re-creating it on the launcher's store hangs,
         # and joining it again would cost the next stage its start-up. Our workers destroy it as
@@ -332,10 +332,7 @@ class DDPStrategy(Strategy):
     @override
     def state_dict(self) -> dict[str, Any]:
         """What a resume needs to behave alike: the bucket cap "auto" settled on (None before)."""
-        tuned = None
-        if self.bucket_cap_mb == AUTO and self._reducer is not None:
-            autotune = self._reducer.summary()["autotune"]
-            tuned = autotune["chosen_mb"] if autotune else None
+        tuned = self._tuning.chosen_mb if self._tuning is not None else None
         return {"bucket_cap_mb": self.bucket_cap_mb, "tuned_bucket_cap_mb": tuned}
 
     @override
@@ -345,8 +342,8 @@ class DDPStrategy(Strategy):
         if self.bucket_cap_mb != AUTO or tuned is None:
             return
         self._tuned_bucket_cap_mb = float(tuned)
-        if self._reducer is not None:
-            self._reducer.adopt_bucket_cap(self._tuned_bucket_cap_mb)
+        if self._tuning is not None:
+            self._tuning.adopt(self._tuned_bucket_cap_mb)
 
     # ------------------------------------------------------------------ reporting
     @override
@@ -360,7 +357,7 @@ class DDPStrategy(Strategy):
             "comm_hook": getattr(self.comm_hook, "__name__", self.comm_hook),
             "find_unused_parameters": self.find_unused_parameters, "broadcast_buffers": self.broadcast_buffers,
             "transport": self.transport,
-            "reducer": self._reducer.summary() if self._reducer is not None else None,
+            "reducer": reducer_summary(self._reducer, self._tuning) if self._reducer is not None else None,
         }
 
     # ------------------------------------------------------------------ helpers
@@ -381,8 +378,8 @@ class DDPStrategy(Strategy):
             return dynamo_ctx  # nothing to overlap with
         from strategies.compile import bucketed_context
 
-        cap = self._tuned_bucket_cap_mb or (self.bucket_cap_mb if self.bucket_cap_mb != AUTO else 25.0)
-        return bucketed_context(dynamo_ctx, float(cap), self.first_bucket_cap_mb)
+        cap = self._tuned_bucket_cap_mb or first_pass_cap_mb(self.bucket_cap_mb)
+        return bucketed_context(dynamo_ctx, cap, self.first_bucket_cap_mb)
 
     @override
     def stop_workers(self) -> None:
@@ -392,5 +389,5 @@ class DDPStrategy(Strategy):
 
     def __getstate__(self) -> dict[str, Any]:
         # Only configuration travels to the workers; per-process state is rebuilt there.
-        return {**self.__dict__, "_environment": None, "_reducer": None, "_owns_process_group": False,
-                "_hang_guard": None}
+        return {**self.__dict__, "_environment": None, "_reducer": None, "_tuning": None,
+                "_owns_process_group": False, "_hang_guard": None}

@@ -68,10 +68,12 @@ class ReducerTelemetry:
         self._intervals = []
         self._pending = []
 
-    def ensure_started(self) -> None:
-        """Start the clock at the first gradient hook when `prepare_for_backward` was not called."""
+    def grad_ready(self) -> None:
+        """At every gradient hook: stamp finished buckets; the first hook of a pass starts the clock
+        when `prepare_for_backward` (optional) did not."""
         if self._started is None:
             self.begin_backward()
+        self.poll()
 
     def end_backward(self) -> None:
         if self._backward_end is None:
@@ -96,6 +98,12 @@ class ReducerTelemetry:
             else:
                 still.append((interval, future))
         self._pending = still
+
+    def wait(self, future: Any) -> Any:
+        """Wait for one bucket's result, stamping the buckets that finished meanwhile."""
+        result = future.wait()
+        self.poll()
+        return result
 
     def end_step(self) -> StepTimes:
         """Close the step once every bucket is averaged; returns its times."""

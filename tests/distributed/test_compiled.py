@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from strategies import DDPStrategy
 from tests.helpers.compile_backends import LOG_VARIABLE, MlpSteps, graphs_compiled, recording_aot_eager
+from tests.helpers.launch_recorder import LaunchRecorder
 from tests.helpers.spawn import run_on_ranks
 from trainer import LightningModule, Trainer
 from trainer.callbacks import Callback, ModelCheckpoint
@@ -39,13 +40,14 @@ def _data() -> TensorDataset:
 
 
 class RecordLaunchOrder(Callback):
-    """Each rank writes the order its reducer launched the buckets in at the last step."""
+    """Each rank writes the order its reducer launched the buckets in at the last step (as its
+    comm hook, a LaunchRecorder, saw them)."""
 
     def __init__(self, out: Path) -> None:
         self.out = out
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        order = trainer.strategy.summary()["reducer"]["last_launch_order"]
+        order = trainer.strategy.comm_hook.passes[-1]
         Path(self.out, f"launch-{trainer.global_rank}.json").write_text(json.dumps(order))
 
 
@@ -53,7 +55,7 @@ def _fit_ours(compiled: bool, tmp_path: Path) -> dict[str, torch.Tensor]:
     model = Mlp()
     target = torch.compile(model, backend=recording_aot_eager) if compiled else model
     # Buckets of ~16 KiB: the 64x64 layer alone fills one, so the graph splits into several pieces.
-    strategy = DDPStrategy(bucket_cap_mb=0.016, first_bucket_cap_mb=0.004)
+    strategy = DDPStrategy(bucket_cap_mb=0.016, first_bucket_cap_mb=0.004, comm_hook=LaunchRecorder())
     trainer = Trainer(strategy=strategy, accelerator="cpu", devices=2, max_epochs=1, logger=False,
                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                       enable_telemetry=False, default_root_dir=str(tmp_path), callbacks=[RecordLaunchOrder(tmp_path)])

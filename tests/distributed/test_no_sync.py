@@ -13,6 +13,7 @@ from torch import nn
 from strategies.buckets import GradBucket
 from strategies.comm_hooks import CommHookState, allreduce_mean
 from strategies.reducer import GradReducer
+from tests.helpers.launch_recorder import LaunchRecorder
 from tests.helpers.reducer_models import TinyNet, global_batch, grads_or_zeros, identical_across_ranks, \
     max_abs_diff, shard
 from tests.helpers.spawn import run_on_ranks
@@ -108,12 +109,13 @@ def test_no_sync_nests_and_restores_the_previous_value() -> None:
 
 def test_no_sync_survives_an_exception() -> None:
     model = TinyNet()
-    reducer = GradReducer(model)
+    launches = LaunchRecorder()
+    reducer = GradReducer(model, comm_hook=launches)
     with pytest.raises(ZeroDivisionError):
         with reducer.no_sync():
             _backward(model, reducer, 0, 0, 1)
             raise ZeroDivisionError
     assert reducer.require_backward_grad_sync
-    assert reducer.launch_order_history == []  # the backward inside did not sync
+    assert launches.passes == []  # the backward inside did not sync
     _backward(model, reducer, 1, 0, 1)
-    assert len(reducer.launch_order_history) == 1
+    assert len(launches.passes) == 1

@@ -1,5 +1,5 @@
-"""bucket_cap_mb="auto": the tuner's schedule, the reducer switching plans, agreement across ranks,
-and the pick carried through DDPStrategy.state_dict()."""
+"""bucket_cap_mb="auto": the tuner's schedule, the reducer switching plans (driven by CapTuning),
+agreement across ranks, and the pick carried through DDPStrategy.state_dict()."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from strategies import DDPStrategy
-from strategies.autotune import BucketAutotuner, autotuner_for, distinct_candidates
+from strategies.autotune import BucketAutotuner, CapTuning, autotuner_for, distinct_candidates, first_pass_cap_mb, \
+    reducer_summary
 from strategies.reducer import GradReducer
 from tests.helpers.reducer_models import global_batch, identical_across_ranks, flat_params, shard
 from tests.helpers.spawn import run_on_ranks
@@ -78,6 +79,15 @@ def _stack(widths: tuple[int, ...] = (64, 64, 64, 64)) -> nn.Module:
     return nn.Sequential(*layers)
 
 
+def _auto(model: nn.Module, candidates_mb: list[float], measure_steps: int = 3,
+          first_bucket_cap_mb: float = 1.0) -> tuple[GradReducer, CapTuning]:
+    """A reducer with bucket_cap_mb="auto", as DDPStrategy builds it."""
+    reducer = GradReducer(model, bucket_cap_mb=first_pass_cap_mb("auto"), first_bucket_cap_mb=first_bucket_cap_mb)
+    tuning = CapTuning.attach(reducer, "auto", candidates_mb, measure_steps)
+    assert tuning is not None
+    return reducer, tuning
+
+
 def _step(model: nn.Module, reducer: GradReducer, seed: int) -> None:
     x = torch.randn(8, 64, generator=torch.Generator().manual_seed(seed))
     loss = model(x).square().mean()
@@ -88,8 +98,7 @@ def _step(model: nn.Module, reducer: GradReducer, seed: int) -> None:
 
 def test_reducer_tries_each_distinct_cap_then_keeps_the_agreed_one() -> None:
     model, reference = _stack(), _stack()
-    reducer = GradReducer(model, bucket_cap_mb="auto", first_bucket_cap_mb=1.0,
-                          autotune_candidates_mb=[10 * KIB, 20 * KIB, 1.0, 50.0], autotune_measure_steps=1)
+    reducer, tuning = _auto(model, [10 * KIB, 20 * KIB, 1.0, 50.0], measure_steps=1, first_bucket_cap_mb=1.0)
     caps, bucket_counts = [], []
     for seed in range(8):
         model.zero_grad(set_to_none=False)
@@ -100,7 +109,7 @@ def test_reducer_tries_each_distinct_cap_then_keeps_the_agreed_one() -> None:
             assert torch.equal(ours.grad, theirs.grad)  # switching plans never loses a gradient
         caps.append(reducer.bucket_cap_mb)
         bucket_counts.append(reducer.summary()["buckets"])
-    autotune = reducer.summary()["autotune"]
+    autotune = reducer_summary(reducer, tuning)["autotune"]
     # 1.0 and 50.0 MiB give the same single bucket for 49 KiB of gradients: tried once.
     assert autotune["candidates_mb"] == [10 * KIB, 20 * KIB, 1.0] and autotune["done"]
     # Step 0 observes the readiness order; then each candidate gets a settle and a measured step.
@@ -111,12 +120,12 @@ def test_reducer_tries_each_distinct_cap_then_keeps_the_agreed_one() -> None:
 
 def test_adopted_cap_skips_measuring() -> None:
     model = _stack()
-    reducer = GradReducer(model, bucket_cap_mb="auto", autotune_candidates_mb=[10 * KIB, 1.0])
-    reducer.adopt_bucket_cap(10 * KIB)
+    reducer, tuning = _auto(model, [10 * KIB, 1.0])
+    tuning.adopt(10 * KIB)
     for seed in range(3):
         _step(model, reducer, seed)
         assert reducer.bucket_cap_mb == 10 * KIB
-    assert reducer.summary()["autotune"]["chosen_mb"] == 10 * KIB
+    assert reducer_summary(reducer, tuning)["autotune"]["chosen_mb"] == 10 * KIB
 
 
 def test_strategy_state_dict_carries_the_tuned_cap() -> None:
@@ -133,8 +142,7 @@ def test_strategy_state_dict_carries_the_tuned_cap() -> None:
 def _tune_on_ranks(rank: int, world_size: int) -> dict[str, Any]:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 4))
-    reducer = GradReducer(model, bucket_cap_mb="auto", autotune_candidates_mb=[4 * KIB, 1.0],
-                          autotune_measure_steps=1)
+    reducer, tuning = _auto(model, [4 * KIB, 1.0], measure_steps=1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(7):
         x, y = global_batch(step)
@@ -146,7 +154,7 @@ def _tune_on_ranks(rank: int, world_size: int) -> dict[str, Any]:
         loss.backward()
         reducer.finish_backward()
         optimizer.step()
-    return {"summary": reducer.summary(), "identical": identical_across_ranks(flat_params(model))}
+    return {"summary": reducer_summary(reducer, tuning), "identical": identical_across_ranks(flat_params(model))}
 
 
 @pytest.mark.timeout(120)
