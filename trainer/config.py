@@ -30,10 +30,9 @@ from strategies import DDPStrategy, SingleDeviceStrategy
 from strategies.environment import (SLURM_INTERACTIVE_JOB_NAMES, LocalEnvironment, SLURMEnvironment,
                                     TorchElasticEnvironment)
 from strategies.slurm_requeue import slurm_job_id
+from trainer import precision
 from trainer.strategy_schema import strategy_schema
 
-PRECISIONS = ("32-true", "64-true", "16-mixed", "bf16-mixed")
-PRECISION_ALIASES = {"32": "32-true", "64": "64-true", "16": "16-mixed", "bf16": "bf16-mixed"}
 CLIP_ALGORITHMS = ("norm", "value")
 MONITOR_MODES = ("min", "max")
 SINGLE_STRATEGY_TARGETS = ("strategies.SingleDeviceStrategy", "strategies.single_device.SingleDeviceStrategy")
@@ -224,14 +223,11 @@ register_configs()
 
 # ---------------------------------------------------------------------- validation
 def normalize_precision(value: Any) -> str:
-    """Lightning's precision name for `value` (aliases included); ConfigError if unknown."""
-    text = str(value)
-    if text in PRECISIONS:
-        return text
-    if text in PRECISION_ALIASES and not isinstance(value, bool):
-        return PRECISION_ALIASES[text]
-    raise ConfigError("trainer.precision", value, f"is not one of {list(PRECISIONS)} "
-                                                  f"(aliases: 32, 64, 16, 'bf16')")
+    """trainer/precision.py's check, its error naming the key `trainer.precision`."""
+    try:
+        return precision.normalize_precision(value)
+    except ValueError as error:
+        raise ConfigError("trainer", expected=str(error).rstrip("."), joined=".") from error
 
 
 def validate(cfg: DictConfig) -> None:

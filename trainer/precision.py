@@ -14,10 +14,11 @@ _ALIASES = {"32": "32-true", "64": "64-true", "16": "16-mixed", "bf16": "bf16-mi
 
 
 def normalize_precision(precision: str | int) -> str:
-    """Accept Lightning's names and its short aliases (32, 64, "16", "bf16")."""
+    """Lightning's name for `precision`, given as one or as a short alias (32, 64, "16", "bf16"): the one
+    place both the Trainer and the CLI (which names the key) check it."""
     name = _ALIASES.get(str(precision), str(precision))
-    if name not in PRECISIONS:
-        raise ValueError(f"precision={precision!r} is not supported; expected one of {list(PRECISIONS)}.")
+    if name not in PRECISIONS or isinstance(precision, bool):
+        raise ValueError(f"precision={precision!r} is not one of {list(PRECISIONS)} (aliases: 32, 64, 16, 'bf16').")
     return name
 
 
