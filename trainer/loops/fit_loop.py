@@ -22,15 +22,14 @@ from typing import Any, TYPE_CHECKING
 from torch import nn
 
 from strategies.rank_zero import rank_zero_info, rank_zero_warn
-from trainer.checkpoint_loops import restore_loader_states
 from trainer.loops.batches import iterate_limited, num_batches, set_sampler_epoch
 from trainer.loops.signatures import check_training_signature
 from trainer.loops.step_iterator import StepIterator, takes_dataloader_iter
 from trainer.loops.evaluation import has_step, run_evaluation, run_sanity_check
 from trainer.loops.nonfinite import NonFiniteWatch
 from trainer.loops.preemption import stop_if_preempted
+from trainer.loops.resume import ResumePoint, resumable_sampler
 from trainer.loops.training_step import run_training_batch, step_schedulers
-from trainer.seed import restore_rank_rng_states
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -57,6 +56,7 @@ def run_fit(trainer: Trainer, module: nn.Module) -> None:
     _continue_sample_stream(trainer, train_loader)
     _advance_past_finished_epoch(trainer)
     _count_skipped_validation(trainer, module)
+    resume = ResumePoint.take(state)  # the checkpoint's position inside the first epoch, if any
     trainer.fit_started_at = time.monotonic()
     trainer.nonfinite_watch = NonFiniteWatch()
     if state.batch_in_epoch == 0:
@@ -64,10 +64,11 @@ def run_fit(trainer: Trainer, module: nn.Module) -> None:
     _warn_about_eval_mode(module)
     callbacks.call("on_train_start", trainer, module)
     while not _fit_done(trainer):
-        if state.rng_to_restore is None:  # between epochs; not before a resume has put back its position
+        if resume is None:  # between epochs; not before a resume has put back its position
             stop_if_preempted(trainer)
         train_loader = _maybe_reload(trainer, module, train_loader)
-        _run_epoch(trainer, module, train_loader)
+        _run_epoch(trainer, module, train_loader, resume)
+        resume = None
         state.current_epoch += 1
         state.batch_in_epoch = state.samples_in_epoch = 0
     trainer.nonfinite_watch.check(trainer)
@@ -112,30 +113,18 @@ def _as_count(total: int) -> int | float:
     return float("inf") if total < 0 else total
 
 
-def _run_epoch(trainer: Trainer, module: nn.Module, train_loader: Any) -> None:
+def _run_epoch(trainer: Trainer, module: nn.Module, train_loader: Any, resume: ResumePoint | None) -> None:
+    """One training epoch; `resume`: where the first epoch of a resumed fit picks up (trainer/loops/resume.py)."""
     state, callbacks, store = trainer.loop_state, trainer.callback_list, trainer.metric_store
     set_sampler_epoch(train_loader, state.current_epoch)
-    start_sample, state.resume_sample_offset = state.resume_sample_offset, 0
-    if start_sample:  # the sampler starts where the other world size stopped: nothing to draw and skip
-        _resumable_sampler(train_loader).set_start_sample(start_sample)  # type: ignore[union-attr]
-    skip, start_at = (0, state.batch_in_epoch) if start_sample else (state.batch_in_epoch, 0)
-    saved_positions, state.loader_states_to_restore = state.loader_states_to_restore, []
-    if restore_loader_states([train_loader], saved_positions):  # they resume by themselves
-        skip, start_at = 0, state.batch_in_epoch
-    if skip:
-        rank_zero_warn(f"Resuming inside epoch {state.current_epoch}: the training dataloader cannot restore its "
-                       f"position (it has no state_dict/load_state_dict), so its first {skip} batch(es) are drawn "
-                       "again and discarded. That reproduces the interrupted run only if it yields the same batches "
-                       "in the same order (a seeded sampler does; a stream may not). Resume from an end-of-epoch "
-                       "checkpoint, or give the dataloader state_dict()/load_state_dict().")
+    batches = resume.open(trainer, train_loader) if resume is not None else iterate_limited(trainer, train_loader,
+                                                                                            "train")
     if state.batch_in_epoch == 0:  # a run resumed mid-epoch continues the epoch: no new epoch starts
         state.scheduler_steps_in_epoch = state.fit_validation.total = 0  # Lightning's per-epoch counters
         callbacks.call("on_train_epoch_start", trainer, module)
     total = trainer.num_training_batches
     # the batch that ran last: in a resumed epoch, the checkpoint's (an unsized loader may have nothing left)
     last_idx, stopped = state.batch_in_epoch - 1, False
-    batches = iterate_limited(trainer, train_loader, "train", skip=skip, start_at=start_at,
-                              on_resumed=lambda: _restore_rng(trainer))
     for batch_idx, batch in _batches_or_steps(module, batches):
         last_idx = batch_idx
         state.is_last_batch = batch_idx + 1 == total
@@ -351,7 +340,7 @@ def _continue_sample_stream(trainer: Trainer, train_loader: Any) -> None:
     saved_world, state.world_size = state.world_size, trainer.world_size
     if state.batch_in_epoch == 0 or saved_world in (0, trainer.world_size):
         return  # same world (exact resume by skipping batches) or nothing to continue
-    sampler = _resumable_sampler(train_loader)
+    sampler = resumable_sampler(train_loader)
     if sampler is None:
         rank_zero_warn(f"The checkpoint was written by {saved_world} process(es) and this run has "
                        f"{trainer.world_size}; the training sampler cannot start mid-epoch (a custom sampler or "
@@ -373,20 +362,7 @@ def _continue_sample_stream(trainer: Trainer, train_loader: Any) -> None:
                    f"{trainer.world_size} x the per-process batch size.")
 
 
-def _resumable_sampler(loader: Any) -> Any:
-    sampler = getattr(loader, "sampler", None)
-    return sampler if callable(getattr(sampler, "set_start_sample", None)) else None
-
-
 def _global_batch_size(trainer: Trainer, loader: Any) -> int:
     """Samples this step consumed on all ranks (the sampler pads, so every rank's batch is alike)."""
     per_rank = trainer.metric_store.current_batch_size or getattr(loader, "batch_size", None) or 1
     return int(per_rank) * trainer.world_size
-
-
-def _restore_rng(trainer: Trainer) -> None:
-    """Put back every rank's RNG exactly where the checkpoint was taken: after the resumed epoch's
-    iterator was built (building one draws a seed) and its finished batches were drawn."""
-    states, trainer.loop_state.rng_to_restore = trainer.loop_state.rng_to_restore, None
-    if states is not None:
-        restore_rank_rng_states(states, trainer.global_rank, trainer.strategy.root_device.type)
