@@ -33,6 +33,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from strategies import process_group
 from strategies.checkpoint_io import CheckpointIO, TorchCheckpointIO
 from strategies.hang_guard import LEDGER
 from strategies.preemption import PreemptionPolicy, PreemptionWatch, next_fit_key
@@ -104,7 +105,7 @@ class Strategy(abc.ABC):
     @property
     def restart_count(self) -> int:
         """How often the launcher restarted this group after a failure (torch elastic sets it)."""
-        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+        return process_group.restart_count()
 
     @property
     def root_device(self) -> torch.device:

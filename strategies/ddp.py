@@ -324,9 +324,7 @@ class DDPStrategy(Strategy):
 
     @override
     def agreement_store(self) -> Any:
-        if not dist.is_initialized() or dist.get_world_size() < 2:
-            return None
-        return dist.distributed_c10d._get_default_store()
+        return process_group.shared_store()
 
     # ------------------------------------------------------------------ state in checkpoints
     @override

@@ -34,7 +34,6 @@ import traceback
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist

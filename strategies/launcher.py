@@ -19,7 +19,6 @@ import atexit
 import contextlib
 import pickle
 import signal
-import threading
 import tempfile
 import warnings
 import weakref
@@ -30,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 import torch
 
+from strategies.notice_signals import replace_handlers
 from strategies.preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionPolicy
 from strategies.worker import finish
 from strategies.worker_pool import WorkerFailedError, WorkerPool
@@ -115,21 +115,17 @@ def forward_notices(pool: WorkerPool, policy: PreemptionPolicy) -> Iterator[_Not
     schedulers signal only the main process) goes on to every worker, which checkpoint and stop
     together; the launching process then exits with the preemption code instead of dying at once."""
     notice = _Notice()
-    if not policy.enabled or threading.current_thread() is not threading.main_thread():
-        yield notice
-        return
 
     def forward(signum: int, frame: Any) -> None:
         if notice.received is None:
             notice.received = signal.Signals(signum).name
         pool.notify(signum)
 
-    previous = {number: signal.signal(number, forward) for number in policy.signal_numbers()}
+    restore = replace_handlers(policy.signals, forward)
     try:
         yield notice
     finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler if handler is not None else signal.SIG_DFL)
+        restore()
 
 
 def stop_workers(strategy: Strategy | None = None) -> None:

@@ -26,6 +26,20 @@ _HELD: list[tuple[str, float]] = []
 _HOLDING: set[int] = set()
 
 
+def replace_handlers(signals: tuple[str, ...], handler: Callable[[int, Any], None]) -> Callable[[], None]:
+    """Install `handler` for `signals` (main thread only; elsewhere nothing happens) and return what
+    puts the previous handlers back."""
+    if not signals or threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = {number: signal.signal(number, handler) for number in (signal.Signals[name] for name in signals)}
+
+    def restore() -> None:
+        for number, handler_before in previous.items():
+            signal.signal(number, handler_before if handler_before is not None else signal.SIG_DFL)
+
+    return restore
+
+
 def hold_notices(signals: tuple[str, ...]) -> None:
     """In a worker, for the rest of its life: record these signals instead of dying of them (a notice
     the launching process forwarded must not kill a worker that is answering or idle). Idempotent."""
@@ -53,23 +67,17 @@ class SignalFlag:
     def __init__(self, signals: tuple[str, ...], on_first: Callable[[float], None] | None = None) -> None:
         self.signals, self.on_first = signals, on_first
         self.received: str | None = None
-        self.received_at: float | None = None
-        self._previous: dict[signal.Signals, Any] = {}
+        self._restore: Callable[[], None] = lambda: None
 
     def install(self) -> None:
-        if not self.signals or threading.current_thread() is not threading.main_thread():
-            return
-        for name in self.signals:
-            number = signal.Signals[name]
-            self._previous[number] = signal.signal(number, self._handle)
+        self._restore = replace_handlers(self.signals, self._handle)
         held = [(name, when) for name, when in _HELD if name in self.signals]
         if held:
             self._record(*held[0])
 
     def uninstall(self) -> None:
-        for number, previous in self._previous.items():
-            signal.signal(number, previous if previous is not None else signal.SIG_DFL)
-        self._previous.clear()
+        self._restore()
+        self._restore = lambda: None
 
     def _handle(self, signum: int, frame: Any) -> None:
         self._record(signal.Signals(signum).name, time.monotonic())
@@ -77,7 +85,7 @@ class SignalFlag:
     def _record(self, name: str, when: float) -> None:
         if self.received is not None:
             return
-        self.received, self.received_at = name, when
+        self.received = name
         print(f"[rank {os.environ.get('RANK', '0')}] {name} received: checkpointing at the next step boundary "
               "the ranks agree on, then exiting (preemption).", file=sys.stderr, flush=True)
         if self.on_first is not None:

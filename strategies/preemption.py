@@ -81,9 +81,6 @@ class PreemptionPolicy:
     def enabled(self) -> bool:
         return bool(self.signals)
 
-    def signal_numbers(self) -> list[signal.Signals]:
-        return [signal.Signals[name] for name in self.signals]
-
     def should_requeue(self) -> bool:
         return self.requeue is True or (self.requeue == "auto" and slurm_job_id() is not None)
 

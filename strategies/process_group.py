@@ -84,13 +84,25 @@ def init_process_group(environment: ClusterEnvironment, *, backend: str, device:
     return True
 
 
+def restart_count() -> int:
+    """How often the launcher restarted this group after a failure (torch elastic and our pool set it)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+
+
+def shared_store() -> dist.Store | None:
+    """The rendezvous store every rank of the default group reaches; None outside a group of 2 or more."""
+    if not dist.is_initialized() or dist.get_world_size() < 2:
+        return None
+    return dist.distributed_c10d._get_default_store()
+
+
 def _attempt_store(environment: ClusterEnvironment, timeout: timedelta) -> dist.Store | None:
     """Under torch elastic the workers rendezvous on the agent's store, which outlives a restart;
     torch's env:// handler adds no per-attempt prefix (it assumes a fresh store), so a restarted
     group can read the failed attempt's gloo addresses and never connect. Namespace the keys."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    attempt = restart_count()
     # The agent's store is where elastic points the workers, whatever the environment object says.
     client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), environment.world_size,
                            is_master=False, timeout=timeout)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import warnings
 from pathlib import Path
 from typing import Any, TYPE_CHECKING
 
@@ -11,7 +13,6 @@ from strategies.checkpoint_io import CheckpointError
 from trainer.checkpoint_loops import lightning_loops, position_from_lightning, saved_loader_states
 from trainer.compiled import plain_state_dict, state_dict_for
 from trainer.hparams import plain_hparams
-from trainer.loops.preemption import run_identity
 from trainer.seed import gather_rng_states
 
 if TYPE_CHECKING:
@@ -98,6 +99,26 @@ def _saved(checkpoint: dict[str, Any], key: str, default: Any) -> Any:
     """A value of ours (at the top level in the oldest checkpoints)."""
     section = _ours(checkpoint)
     return section[key] if key in section else checkpoint.get(key, default)
+
+
+def run_identity(module: Any) -> str:
+    """Which run a checkpoint belongs to: the module's class and a digest of its hyperparameters (a fit
+    that finds a checkpoint by itself resumes only its own run's, not a sweep neighbour's)."""
+    module = getattr(module, "_orig_mod", module)
+    cls = type(module)
+    hparams = repr(sorted(plain_hparams(getattr(module, "hparams", None)).items()))
+    return f"{cls.__module__}.{cls.__qualname__}:{hashlib.sha1(hparams.encode()).hexdigest()[:12]}"
+
+
+def same_run(module: Any, checkpoint: dict[str, Any], path: str) -> bool:
+    """Whether an automatically found checkpoint is this run's; warns when not."""
+    saved, mine = _ours(checkpoint).get("run"), run_identity(module)
+    if saved in (None, mine):
+        return True
+    warnings.warn(f"{path} was written by another run ({saved}; this one is {mine}: another model or other "
+                  "hyperparameters), so this fit starts from scratch and leaves it alone. Pass ckpt_path to "
+                  "resume from it anyway, or use another default_root_dir per run.", stacklevel=2)
+    return False
 
 
 def _rng_as(dtype: torch.dtype, states: Any) -> Any:

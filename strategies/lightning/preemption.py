@@ -20,12 +20,12 @@ Nothing here imports Lightning: the Trainer is handed in.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
 
+from strategies import process_group
 from strategies.preemption import PREEMPTED_EXIT_CODE, PreemptionPolicy, PreemptionWatch, next_fit_key
 from strategies.rank_zero import rank_zero_info
 
@@ -36,18 +36,15 @@ class LightningPreemption:
     def __init__(self, policy: PreemptionPolicy) -> None:
         self.policy = policy
         self.watch: PreemptionWatch | None = None
-        self.last_checkpoint: str | None = None
 
     def start(self, global_rank: int, syncs: Callable[[], int]) -> None:
         """After Lightning registered its own handlers (which this replaces for the notice signals);
         `syncs` counts the reducer's synchronised backward passes."""
         if not self.policy.enabled:
             return
-        distributed = dist.is_initialized() and dist.get_world_size() > 1
-        store = dist.distributed_c10d._get_default_store() if distributed else None
-        restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
-        self.watch = PreemptionWatch(self.policy, store, next_fit_key(restarts), global_rank,
-                                     dist.get_world_size() if distributed else 1, meet=dist.barrier, syncs=syncs)
+        store = process_group.shared_store()
+        self.watch = PreemptionWatch(self.policy, store, next_fit_key(process_group.restart_count()), global_rank,
+                                     dist.get_world_size() if store is not None else 1, meet=dist.barrier, syncs=syncs)
         self.watch.__enter__()
 
     def at_batch_start(self, trainer: Any) -> None:
@@ -63,7 +60,6 @@ class LightningPreemption:
         path = trainer._checkpoint_connector.hpc_save_path(trainer.default_root_dir)
         trainer.save_checkpoint(path)
         notice = watch.stopped(trainer.global_step, path)
-        self.last_checkpoint = path
         exception.code = PREEMPTED_EXIT_CODE  # type: ignore[attr-defined]  # a SystemExit's status
         rank_zero_info(f"{notice} (resume with ckpt_path='hpc'; on SLURM Lightning resumes from it by itself).")
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from strategies.base import Strategy
-from trainer.callbacks import EarlyStopping, ModelCheckpoint, TQDMProgressBar
+from trainer.callbacks.dispatch import is_checkpoint, is_early_stopping, is_progress_bar
 from trainer.state import TrainerStatus
 
 
@@ -140,12 +140,9 @@ class FakeTrainer:
     def estimated_stepping_batches(self) -> int | float:
         return self.num_training_batches * (self.max_epochs or 1) // self.accumulate_grad_batches
 
-    def _of_kind(self, kind: type) -> list[Any]:
-        return [callback for callback in self.callbacks if isinstance(callback, kind)]
-
     @property
     def checkpoint_callbacks(self) -> list[Any]:
-        return self._of_kind(ModelCheckpoint)
+        return [callback for callback in self.callbacks if is_checkpoint(callback)]
 
     @property
     def checkpoint_callback(self) -> Any:
@@ -153,7 +150,7 @@ class FakeTrainer:
 
     @property
     def early_stopping_callbacks(self) -> list[Any]:
-        return self._of_kind(EarlyStopping)
+        return [callback for callback in self.callbacks if is_early_stopping(callback)]
 
     @property
     def early_stopping_callback(self) -> Any:
@@ -161,7 +158,7 @@ class FakeTrainer:
 
     @property
     def progress_bar_callback(self) -> Any:
-        return next(iter(self._of_kind(TQDMProgressBar)), None)
+        return next((callback for callback in self.callbacks if is_progress_bar(callback)), None)
 
     @property
     def logger_step(self) -> int:

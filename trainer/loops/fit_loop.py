@@ -64,13 +64,13 @@ def run_fit(trainer: Trainer, module: nn.Module) -> None:
     _warn_about_eval_mode(module)
     callbacks.call("on_train_start", trainer, module)
     while not _fit_done(trainer):
-        if resume is None:  # between epochs; not before a resume has put back its position
-            stop_if_preempted(trainer)
         train_loader = _maybe_reload(trainer, module, train_loader)
         _run_epoch(trainer, module, train_loader, resume)
         resume = None
         state.current_epoch += 1
         state.batch_in_epoch = state.samples_in_epoch = 0
+        if not _fit_done(trainer):
+            stop_if_preempted(trainer)  # between two epochs
     trainer.nonfinite_watch.check(trainer)
     callbacks.call("on_train_end", trainer, module)
 

@@ -14,13 +14,10 @@ of the same model with other hyperparameters (a sweep sharing the directory), do
 
 from __future__ import annotations
 
-import hashlib
 import os
-import warnings
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 from strategies.rank_zero import rank_zero_info
-from trainer.hparams import plain_hparams
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -51,28 +48,6 @@ def stop_if_preempted(trainer: Trainer) -> None:
     rank_zero_info(f"Preempted by {watch.signal_name}: every rank stopped after step {trainer.global_step}; "
                    f"checkpoint written to {path}. The next fit in this directory resumes from it.")
     raise watch.stopped(trainer.global_step, path)
-
-
-def run_identity(module: Any) -> str:
-    """Which run a preemption checkpoint belongs to: the module's class and hyperparameters."""
-    module = getattr(module, "_orig_mod", module)
-    cls = type(module)
-    hparams = repr(sorted(plain_hparams(getattr(module, "hparams", None)).items()))
-    return f"{cls.__module__}.{cls.__qualname__}:{hashlib.sha1(hparams.encode()).hexdigest()[:12]}"
-
-
-def same_run(module: Any, checkpoint: dict[str, Any], path: str) -> bool:
-    """Whether an automatically found checkpoint is this run's (every checkpoint names its run in
-    loops.ddp_trainer.run); warns when not."""
-    loops = checkpoint.get("loops")
-    ours = loops.get("ddp_trainer") if isinstance(loops, dict) else None
-    saved, mine = (ours.get("run") if isinstance(ours, dict) else None), run_identity(module)
-    if saved in (None, mine):
-        return True
-    warnings.warn(f"{path} was written by another run ({saved}; this one is {mine}: another model or other "
-                  "hyperparameters), so this fit starts from scratch and leaves it alone. Pass ckpt_path to "
-                  "resume from it anyway, or use another default_root_dir per run.", stacklevel=2)
-    return False
 
 
 def default_resume_candidates(trainer: Trainer) -> str | None:
