@@ -24,8 +24,7 @@ from trainer.compiled import compiled_steps, plain_state_dict
 from trainer.data_sources import overrides
 from trainer.loops.evaluation import has_step, print_results, run_evaluation, run_predict
 from trainer.loops.fit_loop import run_fit
-from trainer.loops.preemption import (default_resume_candidates, discard_if_consumed, preemption_checkpoint_path,
-                                      same_run)
+from trainer.loops.preemption import default_resume_candidates, discard_if_consumed, preemption_checkpoint_path
 from trainer.loops.training_step import backward
 from trainer.module_adapter import attach, automatic_optimization, check_module, detach
 from trainer.optimizers import ManualOptimizer, NoOptimizer, check_schedulers, init_optimizers
@@ -148,13 +147,12 @@ def _run_entry(trainer: Trainer, module: nn.Module, stage: str, data: dict[str, 
 
 
 def _fit(trainer: Trainer, module: nn.Module, ckpt_path: str | None) -> None:
-    """The fit stage; a preemption notice from here on stops it at a step boundary with a checkpoint."""
+    """The fit stage; a preemption notice from here on stops it at a step boundary with a checkpoint. The
+    watch stays on the trainer after the fit (its signals no longer caught), so hooks that run as the fit
+    ends, `on_exception` included, and the user afterwards read `received_sigterm` as in Lightning."""
     with trainer.strategy.preemption_watch() as watch:
         trainer.preemption_watch = watch
-        try:
-            _fit_watched(trainer, module, ckpt_path)
-        finally:
-            trainer.preemption_watch = None
+        _fit_watched(trainer, module, ckpt_path)
 
 
 def _fit_watched(trainer: Trainer, module: nn.Module, ckpt_path: str | None) -> None:
@@ -250,7 +248,7 @@ def _load_for_fit(trainer: Trainer, module: nn.Module,
                 raise
             warnings.warn(f"ckpt_path='last': skipping unreadable {path}: {error}", stacklevel=2)
             continue
-        if automatic and not same_run(trainer.strategy.unwrap(module), checkpoint, path):
+        if automatic and not checkpointing.same_run(trainer.strategy.unwrap(module), checkpoint, path):
             trainer.resumed_after_preemption = False
             return None, None
         return checkpoint, path

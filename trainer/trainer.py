@@ -148,7 +148,7 @@ class Trainer:
         self.num_predict_batches: list[int | float] = []
         self.num_sanity_val_batches: list[int | float] = []
         self.ckpt_path: str | None = None
-        self.preemption_watch: Any = None  # while a fit runs: its PreemptionWatch (trainer/loops/preemption.py)
+        self.preemption_watch: Any = None  # the latest fit's PreemptionWatch (trainer/loops/preemption.py)
         self.preemption_mark: dict[str, Any] | None = None  # while the preemption checkpoint is built
         self.resumed_after_preemption = False  # this fit resumed a preempted run: its checkpoint goes at the end
         self.fit_started_at = 0.0  # time.monotonic() when training started (max_time counts from there)
@@ -352,9 +352,9 @@ class Trainer:
 
     @property
     def received_sigterm(self) -> bool:
-        """Lightning's flag: during the running fit, this rank received SIGTERM or learned that the ranks
-        stop for one (a preemption notice, trainer/loops/preemption.py; SIGTERM among the strategy's
-        preemption signals). Every rank sees it True by the agreed stop."""
+        """Lightning's flag: in the latest fit, this rank received SIGTERM or learned that the ranks stop for
+        one (a preemption notice, trainer/loops/preemption.py; SIGTERM among the strategy's preemption
+        signals). Every rank sees it True by the agreed stop; the next fit starts it afresh."""
         watch = self.preemption_watch
         return watch is not None and "SIGTERM" in (watch.flag.received, watch.agreement.signal_name)
 
@@ -566,7 +566,7 @@ class Trainer:
         # The module travels to workers as its own argument; the trainer never carries it.
         state = self.__dict__.copy()
         state.update(lightning_module=None, datamodule=None, optimizers=[], wrapped_optimizers=[],
-                     lr_scheduler_configs=[], data=DataSources())
+                     lr_scheduler_configs=[], data=DataSources(), preemption_watch=None)  # a watch holds a store
         return state
 
 
