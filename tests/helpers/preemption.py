@@ -101,3 +101,23 @@ class ManualEveryOtherBatch(LightningModule):
 
     def configure_optimizers(self) -> Any:
         return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class SignalAtStepSteps:
+    """Step bodies for a linear regressor `self.net` that sends itself SIGTERM at `self.notice_at`;
+    mixed into our LightningModule or Lightning's, so both Trainers run the same code."""
+
+    net: torch.nn.Module
+    notice_at: int
+    global_step: int
+    log: Any
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if self.global_step == self.notice_at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y))

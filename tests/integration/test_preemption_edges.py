@@ -18,7 +18,7 @@ from strategies import SingleDeviceStrategy
 from strategies.checkpoint_io import CheckpointError, TorchCheckpointIO
 from strategies.preemption import Preempted
 from tests.helpers.models import DropoutRegressor, RegressionData
-from tests.helpers.preemption import NoticeAtStep
+from tests.helpers.preemption import NoticeAtStep, SignalAtStepSteps
 from trainer import LightningModule, Trainer, seed_everything
 from trainer.callbacks import Callback, ModelCheckpoint
 
@@ -41,22 +41,12 @@ class Stream(IterableDataset):
             yield x, x.sum(1, keepdim=True)
 
 
-class StreamRegressor(LightningModule):
+class StreamRegressor(SignalAtStepSteps, LightningModule):
     """Unsized data, validation at each epoch's end and a plateau scheduler fed by it."""
 
     def __init__(self, notice_at: int = -1) -> None:
         super().__init__()
         self.net, self.notice_at, self.validations = nn.Linear(4, 1), notice_at, 0
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        if self.global_step == self.notice_at:
-            os.kill(os.getpid(), signal.SIGTERM)
-        x, y = batch
-        return nn.functional.mse_loss(self.net(x), y)
-
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
-        x, y = batch
-        self.log("val_loss", nn.functional.mse_loss(self.net(x), y))
 
     def on_validation_epoch_end(self) -> None:
         self.validations += 1

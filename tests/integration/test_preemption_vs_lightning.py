@@ -6,8 +6,6 @@ writes the preemption checkpoint first (so `on_save_checkpoint` runs once) and e
 
 from __future__ import annotations
 
-import os
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 pl = pytest.importorskip("pytorch_lightning")
 
 from strategies.preemption import Preempted  # noqa: E402
+from tests.helpers.preemption import SignalAtStepSteps  # noqa: E402
 from trainer import Trainer  # noqa: E402
 
 NOTICE_STEP = 3
@@ -26,20 +25,10 @@ WATCHED = ("on_train_batch_start", "on_train_batch_end", "on_validation_start", 
            "on_train_end", "on_fit_end", "on_save_checkpoint", "on_exception")
 
 
-class SelfSignalled(pl.LightningModule):
+class SelfSignalled(SignalAtStepSteps, pl.LightningModule):
     def __init__(self) -> None:
         super().__init__()
-        self.net = nn.Linear(4, 1)
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        if self.global_step == NOTICE_STEP:
-            os.kill(os.getpid(), signal.SIGTERM)
-        x, y = batch
-        return nn.functional.mse_loss(self.net(x), y)
-
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
-        x, y = batch
-        self.log("val_loss", nn.functional.mse_loss(self.net(x), y))
+        self.net, self.notice_at = nn.Linear(4, 1), NOTICE_STEP
 
     def configure_optimizers(self) -> Any:
         return torch.optim.SGD(self.parameters(), lr=0.1)
