@@ -42,18 +42,22 @@ ReduceOp = Literal["mean", "sum", "max", "min"]
 ACCELERATORS = ("cpu", "cuda", "gpu", "auto")
 
 
+def check_accelerator(accelerator: str) -> None:
+    if accelerator not in ACCELERATORS:
+        raise ValueError(f"accelerator={accelerator!r} is not one of {list(ACCELERATORS)}.")
+
+
 def resolve_accelerator(accelerator: str) -> str:
     """Turn "auto" into the concrete device type this machine offers; "gpu" (Lightning's name for
     whichever GPU the machine has) is CUDA here."""
-    if accelerator not in ACCELERATORS:
-        raise ValueError(f"accelerator={accelerator!r} is not supported; expected one of {ACCELERATORS}.")
+    check_accelerator(accelerator)
     if accelerator == "gpu":
         accelerator = "cuda"
     if accelerator == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if accelerator == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("accelerator='cuda' was requested but torch.cuda.is_available() is False; "
-                           "use accelerator='cpu' or 'auto'.")
+        raise RuntimeError(f"accelerator={accelerator!r} but no CUDA device is visible "
+                           "(torch.cuda.is_available() is False); use 'cpu' or 'auto'.")
     return accelerator
 
 

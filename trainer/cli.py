@@ -29,7 +29,7 @@ from trainer import Trainer, seed_everything
 from trainer.cli_errors import describe_error
 from strategies.launcher import WorkerFailedError
 from strategies.preemption import PREEMPTED_EXIT_CODE, Preempted
-from trainer.config import ConfigError, config_dir, normalize_precision, validate
+from trainer.config import ConfigError, config_dir, validate
 from trainer.loggers import TensorBoardLogger
 
 PROG = "ddp-train"
@@ -131,7 +131,6 @@ def build(cfg: DictConfig) -> tuple[Any, Any, Any]:
     callbacks = [construct(f"callbacks.{name}", node) for name, node in wanted.items()]
     loggers = [construct(f"logger.{name}", node) for name, node in (cfg.logger or {}).items() if node]
     kwargs: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)  # type: ignore[assignment]
-    kwargs["precision"] = normalize_precision(kwargs["precision"])
     logger: Any = loggers[0] if len(loggers) == 1 else (loggers or False)
     trainer = _call("trainer", lambda: Trainer(**kwargs, strategy=strategy, callbacks=callbacks, logger=logger,
                                                 default_root_dir=output_dir(cfg)))
@@ -179,7 +178,7 @@ def output_dir(cfg: DictConfig) -> str:
     return str(configured) if configured else HydraConfig.get().runtime.output_dir
 
 
-def summary(trainer: Any, run_dir: str, seconds: float) -> str:
+def summary(trainer: Trainer, run_dir: str, seconds: float) -> str:
     """What a user wants after a run: the final metrics, the best checkpoint, where to look."""
     metrics = {name: float(value) for name, value in sorted(trainer.callback_metrics.items())
                if getattr(value, "numel", lambda: 1)() == 1}

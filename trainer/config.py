@@ -2,16 +2,15 @@
 
 A group file opts into its schema through its defaults list (`- base_trainer`), so Hydra
 type-checks every value and rejects unknown keys while composing: `trainer.max_epochs=abc`
-fails before anything is built. `validate(cfg)` then checks value ranges and choices, and
+fails before anything is built. `validate(cfg)` then runs the checks the Trainer's and the
+strategy's constructors own on the composed values, plus what only the whole config shows, and
 raises `ConfigError`, whose message is one line naming the key, the value and what is allowed.
-
-Precision accepts Lightning's names and its short aliases (normalised by `normalize_precision`):
-32 / "32" -> "32-true", 64 / "64" -> "64-true", 16 / "16" -> "16-mixed", "bf16" -> "bf16-mixed".
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import os
 import re
 import socket
@@ -25,16 +24,20 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from strategies.base import ACCELERATORS
+import torch
+
 from strategies import DDPStrategy, SingleDeviceStrategy
+from strategies.base import resolve_accelerator
 from strategies.environment import (SLURM_INTERACTIVE_JOB_NAMES, LocalEnvironment, SLURMEnvironment,
                                     TorchElasticEnvironment)
 from strategies.slurm_requeue import slurm_job_id
-from trainer import precision
 from trainer.strategy_schema import strategy_schema
+from trainer.trainer import Trainer
+from trainer.validation import resolve_trainer_args
 
-CLIP_ALGORITHMS = ("norm", "value")
 MONITOR_MODES = ("min", "max")
+# What `Trainer()` takes when the config leaves an argument out (the CLI passes only trainer.* keys).
+_TRAINER_DEFAULTS = {name: parameter.default for name, parameter in inspect.signature(Trainer).parameters.items()}
 SINGLE_STRATEGY_TARGETS = ("strategies.SingleDeviceStrategy", "strategies.single_device.SingleDeviceStrategy")
 
 
@@ -222,16 +225,10 @@ register_configs()
 
 
 # ---------------------------------------------------------------------- validation
-def normalize_precision(value: Any) -> str:
-    """trainer/precision.py's check, its error naming the key `trainer.precision`."""
-    try:
-        return precision.normalize_precision(value)
-    except ValueError as error:
-        raise ConfigError("trainer", expected=str(error).rstrip("."), joined=".") from error
-
-
 def validate(cfg: DictConfig) -> None:
-    """Check what the schemas can't: ranges, choices and combinations. Runs before any worker."""
+    """Check, before any worker starts, what the schemas can't: each value with its consumer's own
+    check (the Trainer's and the strategy's constructors), and the combinations only the composed
+    config shows."""
     _check_int(cfg, "seed", minimum=0, maximum=2**32 - 1)
     _check_trainer(cfg.trainer)
     _check_strategy(cfg.strategy, cfg.trainer)
@@ -255,40 +252,25 @@ def _check_ckpt_path(ckpt_path: Any) -> None:
 
 
 def _check_trainer(trainer: DictConfig) -> None:
-    normalize_precision(trainer.precision)
-    _check_one_of(trainer, "accelerator", ACCELERATORS, prefix="trainer.")
-    _check_one_of(trainer, "gradient_clip_algorithm", CLIP_ALGORITHMS, prefix="trainer.")
-    for key in ("devices", "num_nodes", "accumulate_grad_batches", "log_every_n_steps"):
-        _check_int(trainer, key, minimum=1, prefix="trainer.")
-    for key in ("max_steps", "max_epochs"):
-        _check_int(trainer, key, minimum=-1, prefix="trainer.", optional=True)
-    _check_int(trainer, "check_val_every_n_epoch", minimum=1, prefix="trainer.", optional=True)
-    _check_int(trainer, "num_sanity_val_steps", minimum=-1, prefix="trainer.")
-    clip = trainer.gradient_clip_val
-    if clip is not None and clip < 0:
-        raise ConfigError("trainer.gradient_clip_val", clip, "must be null or >= 0")
-    for key in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches"):
-        _check_fraction_or_count(trainer, key, zero_ok=True)
-    if trainer.val_check_interval is not None:
-        _check_fraction_or_count(trainer, "val_check_interval", zero_ok=False)
-    fast = trainer.fast_dev_run
-    if not isinstance(fast, bool) and not (isinstance(fast, int) and fast >= 0):
-        raise ConfigError("trainer.fast_dev_run", fast, "must be true, false or an int number of batches >= 0")
-    _check_cuda(trainer)
-
-
-def _check_cuda(trainer: DictConfig) -> None:
-    """Fail here rather than in a worker when the machine has fewer GPUs than asked for."""
-    if trainer.accelerator == "cpu":
-        return
-    import torch  # already imported by the CLI; kept local so schemas alone stay cheap
-
+    """The Trainer's own argument checks (trainer/validation.py) and the strategy's accelerator
+    check, on the config's values; then what needs this machine: enough CUDA devices."""
+    try:
+        resolve_trainer_args({**_TRAINER_DEFAULTS, **_plain(trainer)})
+        resolve_accelerator(trainer.accelerator)
+    except (ValueError, TypeError, RuntimeError) as error:
+        raise constructor_error("trainer", error) from error
     available = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if trainer.accelerator == "cuda" and available == 0:
-        raise ConfigError("trainer.accelerator", "cuda", "but no CUDA device is visible; use 'cpu' or 'auto'")
-    if available and trainer.devices > available:
+    if trainer.accelerator != "cpu" and available and trainer.devices > available:
         raise ConfigError("trainer.devices", trainer.devices,
                           f"exceeds the {available} visible CUDA device(s); lower it or use trainer.accelerator=cpu")
+
+
+def constructor_error(group: str, error: Exception) -> ConfigError:
+    """A constructor's error as a one-line ConfigError: a message opening with `name=value` names
+    the key `group.name`; any other is prefixed with `group: `."""
+    message = str(error).rstrip(".")
+    names_an_argument = re.match(r"^\w+=", message) is not None
+    return ConfigError(group, expected=message, joined="." if names_an_argument else ": ")
 
 
 def _check_strategy(strategy: Any, trainer: DictConfig) -> None:
@@ -315,12 +297,9 @@ def _build_to_check(strategy: DictConfig) -> None:
     try:
         instantiate(strategy, _convert_="all")
     except InstantiationException as error:
-        cause = error.__cause__
-        if not isinstance(cause, (ValueError, TypeError)):
+        if not isinstance(error.__cause__, (ValueError, TypeError)):
             raise
-        message = str(cause).rstrip(".")
-        names_an_argument = re.match(r"^\w+=", message) is not None
-        raise ConfigError("strategy", expected=message, joined="." if names_an_argument else ": ") from cause
+        raise constructor_error("strategy", error.__cause__) from error.__cause__
 
 
 def _check_int(node: DictConfig, key: str, minimum: int, maximum: int | None = None, prefix: str = "",
@@ -337,21 +316,6 @@ def _check_one_of(node: DictConfig, key: str, allowed: tuple[Any, ...], prefix: 
     value = OmegaConf.select(node, key)
     if value not in allowed:
         raise ConfigError(prefix + key, value, f"is not one of {list(allowed)}")
-
-
-def _check_fraction_or_count(trainer: DictConfig, key: str, zero_ok: bool) -> None:
-    value = trainer[key]
-    low = 0 if zero_ok else 1
-    if isinstance(value, bool):
-        ok = False
-    elif isinstance(value, int):
-        ok = value >= low
-    else:
-        ok = isinstance(value, float) and (0.0 <= value <= 1.0 if zero_ok else 0.0 < value <= 1.0)
-    if not ok:
-        fraction = "[0.0, 1.0]" if zero_ok else "(0.0, 1.0]"
-        raise ConfigError(f"trainer.{key}", value,
-                          f"must be a float in {fraction} (a fraction) or an int >= {low} (a count)")
 
 
 def _has_target(node: Any) -> bool:

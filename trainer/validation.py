@@ -92,9 +92,9 @@ def _apply_fast_dev_run_and_overfit(args: dict[str, Any]) -> None:
     same first k batches (a float: that fraction of the batches)."""
     fast = args["fast_dev_run"]
     if fast is not True and fast is not False and (not isinstance(fast, int) or fast < 0):
-        raise ValueError(f"fast_dev_run={fast!r}; expected a bool or an int >= 0.")
+        raise ValueError(f"fast_dev_run={fast!r} must be True, False or an int >= 0 (a number of batches).")
     overfit = args["overfit_batches"]
-    _check_limit("overfit_batches", overfit)
+    _fraction_or_count(args, "overfit_batches", zero_ok=True, unit="the batches")
     if fast:
         for name in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches"):
             args[name] = int(fast)
@@ -137,63 +137,56 @@ def apply_backend_flags(deterministic: bool | str | None, benchmark: bool | None
 
 
 def validate_trainer_args(args: dict[str, Any]) -> None:
-    _positive_int(args, "devices")
-    _positive_int(args, "num_nodes")
-    _positive_int(args, "accumulate_grad_batches")
-    _int(args, "log_every_n_steps")
-    if args["log_every_n_steps"] < 0:
-        raise ValueError(f"log_every_n_steps={args['log_every_n_steps']}; expected an int >= 0 (0: never).")
+    """Each message reads `name=value must be ...`, so the CLI only prefixes `trainer.` to name the key."""
+    for name in ("devices", "num_nodes", "accumulate_grad_batches"):
+        _int_at_least(args, name, 1)
+    _int_at_least(args, "log_every_n_steps", 0, meaning="0: never")
     normalize_precision(args["precision"])
-    if args["max_epochs"] is not None:
-        _int(args, "max_epochs")
-        if args["max_epochs"] < -1:
-            raise ValueError(f"max_epochs={args['max_epochs']}; expected -1 (no limit) or a value >= 0.")
-    _int(args, "max_steps")
-    if args["max_steps"] < -1:
-        raise ValueError(f"max_steps={args['max_steps']}; expected -1 (no limit) or a value >= 0.")
+    _int_at_least(args, "max_epochs", -1, optional=True, meaning="-1: no limit")
+    _int_at_least(args, "max_steps", -1, meaning="-1: no limit")
     clip = args["gradient_clip_val"]
-    if clip is not None and (not isinstance(clip, (int, float)) or clip < 0):
-        raise ValueError(f"gradient_clip_val={clip!r}; expected None or a number >= 0.")
-    if args["gradient_clip_algorithm"] not in (None, *_ALGORITHMS):
-        raise ValueError(f"gradient_clip_algorithm={args['gradient_clip_algorithm']!r}; expected one of {_ALGORITHMS}.")
-    _check_interval(args["val_check_interval"])
-    every = args["check_val_every_n_epoch"]
-    if every is not None and (not isinstance(every, int) or every < 1):
-        raise ValueError(f"check_val_every_n_epoch={every!r}; expected None or an int >= 1.")
+    if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip < 0):
+        raise ValueError(f"gradient_clip_val={clip!r} must be None or a number >= 0.")
+    _one_of(args, "gradient_clip_algorithm", (None, *_ALGORITHMS))
+    _fraction_or_count(args, "val_check_interval", zero_ok=False, unit="an epoch")
+    _int_at_least(args, "check_val_every_n_epoch", 1, optional=True)
     for name in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches"):
-        _check_limit(name, args[name])
-    if args["on_nonfinite"] not in ("error", "skip", "ignore"):
-        raise ValueError(f"on_nonfinite={args['on_nonfinite']!r}; expected 'error', 'skip' or 'ignore'.")
+        _fraction_or_count(args, name, zero_ok=True, unit="the batches")
+    _one_of(args, "on_nonfinite", ("error", "skip", "ignore"))
     for name in ("min_epochs", "min_steps"):
-        if args[name] is not None and (not isinstance(args[name], int) or args[name] < 0):
-            raise ValueError(f"{name}={args[name]!r}; expected None or an int >= 0.")
-    sanity = args["num_sanity_val_steps"]
-    if not isinstance(sanity, int) or isinstance(sanity, bool) or sanity < -1:
-        raise ValueError(f"num_sanity_val_steps={sanity!r}; expected -1 (every batch), 0 (off) or a positive int.")
-    reload = args["reload_dataloaders_every_n_epochs"]
-    if not isinstance(reload, int) or isinstance(reload, bool) or reload < 0:
-        raise ValueError(f"reload_dataloaders_every_n_epochs={reload!r}; expected an int >= 0.")
+        _int_at_least(args, name, 0, optional=True)
+    _int_at_least(args, "num_sanity_val_steps", -1, meaning="-1: every batch, 0: off")
+    _int_at_least(args, "reload_dataloaders_every_n_epochs", 0)
 
 
-def _int(args: dict[str, Any], name: str) -> None:
+def _int_at_least(args: dict[str, Any], name: str, minimum: int, optional: bool = False, meaning: str = "") -> None:
     value = args[name]
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name}={value!r} ({type(value).__name__}); expected an int.")
+    if value is None and optional:
+        return
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    if not is_int or value < minimum:
+        allowed = f"an int >= {minimum}" + (" or None" if optional else "") + (f" ({meaning})" if meaning else "")
+        raise (ValueError if is_int else TypeError)(f"{name}={value!r} must be {allowed}.")
 
 
-def _positive_int(args: dict[str, Any], name: str) -> None:
-    _int(args, name)
-    if args[name] < 1:
-        raise ValueError(f"{name}={args[name]}; expected an int >= 1.")
+def _one_of(args: dict[str, Any], name: str, allowed: tuple[Any, ...]) -> None:
+    if args[name] not in allowed:
+        raise ValueError(f"{name}={args[name]!r} is not one of {list(allowed)}.")
 
 
-def _check_interval(value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"val_check_interval={value!r}; expected a float in (0, 1] or an int >= 1.")
-    if isinstance(value, float) and not 0.0 < value <= 1.0:
-        raise ValueError(f"val_check_interval={value}; a float must lie in (0, 1] (a fraction of an epoch).")
-    if isinstance(value, int) and value < 1:
-        raise ValueError(f"val_check_interval={value}; an int must be >= 1 (a number of batches).")
+def _fraction_or_count(args: dict[str, Any], name: str, zero_ok: bool, unit: str) -> None:
+    """Lightning's limits and intervals: a float is a fraction of `unit`, an int a number of batches."""
+    value = args[name]
+    low = 0 if zero_ok else 1
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if numeric and isinstance(value, int):
+        ok = value >= low
+    else:
+        ok = numeric and (0.0 <= value <= 1.0 if zero_ok else 0.0 < value <= 1.0)
+    if not ok:
+        fraction = "[0.0, 1.0]" if zero_ok else "(0.0, 1.0]"
+        allowed = f"a float in {fraction} (a fraction of {unit}) or an int >= {low} (a number of batches)"
+        raise (ValueError if numeric else TypeError)(f"{name}={value!r} must be {allowed}.")
 
 
 def _check_val_schedule(interval: Any, every_n_epochs: Any) -> None:
@@ -204,12 +197,3 @@ def _check_val_schedule(interval: Any, every_n_epochs: Any) -> None:
         raise ValueError(f"val_check_interval={interval} is a fraction of an epoch, but check_val_every_n_epoch=None "
                          "validates every N training batches counted across epochs: pass an int number of batches "
                          "(e.g. val_check_interval=100), or set check_val_every_n_epoch to validate by epochs.")
-
-
-def _check_limit(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name}={value!r}; expected a float in [0, 1] or an int >= 0.")
-    if isinstance(value, float) and not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name}={value}; a float must lie in [0, 1] (a fraction of the batches).")
-    if isinstance(value, int) and value < 0:
-        raise ValueError(f"{name}={value}; an int must be >= 0 (a number of batches).")

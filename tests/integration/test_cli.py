@@ -21,7 +21,8 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 
 from trainer import cli
-from trainer.config import ConfigError, normalize_precision, run_name, validate
+from trainer.config import ConfigError, run_name, validate
+from trainer.precision import normalize_precision
 
 PRESETS = [
     [],
