@@ -21,15 +21,15 @@ from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from strategies import process_group
-from strategies.autotune import AUTO, CapTuning, first_pass_cap_mb, reducer_summary
-from strategies.base import ACCELERATORS, ReduceOp, Strategy
+from strategies.autotune import AUTO, CapTuning, reducer_summary
+from strategies.base import ReduceOp, Strategy, check_accelerator
 from strategies.checkpoint_io import CheckpointIO
 from strategies.hang_guard import LEDGER, HangGuard
 from strategies.environment import (ClusterEnvironment, check_launch_matches, detect_environment,
                                     processes_launched_externally, processes_outlive_stages)
 from strategies.preemption import PreemptionPolicy
 from strategies.rank_zero import rank_prefixed_message
-from strategies.reducer_options import ReducerOptions, check_bool, check_positive_number
+from strategies.reducer_options import ReducerOptions, check_bool, check_positive_number, option_property
 from strategies.replicas import broadcast_tensors, check_same_parameters
 from strategies.sampler import distribute_dataloader
 
@@ -61,6 +61,14 @@ class DDPStrategy(Strategy):
     ("forkserver", where the platform has it) or has each import it ("spawn").
     """
 
+    bucket_cap_mb = option_property("bucket_cap_mb")
+    first_bucket_cap_mb = option_property("first_bucket_cap_mb")
+    gradient_as_bucket_view = option_property("gradient_as_bucket_view")
+    comm_hook = option_property("comm_hook")
+    find_unused_parameters = option_property("find_unused_parameters")
+    broadcast_buffers = option_property("broadcast_buffers")
+    transport = option_property("transport")
+
     def __init__(self, bucket_cap_mb: float | str = 25, first_bucket_cap_mb: float = 1,
                  gradient_as_bucket_view: bool = True, comm_hook: str | Callable[..., Any] | None = None,
                  find_unused_parameters: bool = False, broadcast_buffers: bool = True,
@@ -83,22 +91,18 @@ class DDPStrategy(Strategy):
             raise ValueError(f"timeout={timeout!r} must be a positive datetime.timedelta.")
         if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
             raise ValueError(f"max_restarts={max_restarts!r} must be an int >= 0.")
-        if accelerator not in ACCELERATORS:
-            raise ValueError(f"accelerator={accelerator!r} is not supported; expected one of {ACCELERATORS}.")
+        check_accelerator(accelerator)
         if start_method not in START_METHODS:
             why_not_fork = (" ('fork' is not offered: a forked worker hangs in OpenMP once the launching "
                             "process has used it)") if start_method == "fork" else ""
             raise ValueError(f"start_method={start_method!r} is not one of {list(START_METHODS)}{why_not_fork}.")
-        self.bucket_cap_mb: float | str = options.bucket_cap_mb
-        self.first_bucket_cap_mb = float(options.first_bucket_cap_mb)
+        self.reducer_options = options
         self._tuned_bucket_cap_mb: float | None = None  # restored from a checkpoint before the reducer exists
-        self.gradient_as_bucket_view, self.comm_hook = gradient_as_bucket_view, comm_hook
-        self.find_unused_parameters, self.broadcast_buffers = find_unused_parameters, broadcast_buffers
         self.sync_batchnorm, self.process_group_backend = sync_batchnorm, process_group_backend
         self.timeout, self.max_restarts = timeout, max_restarts
         self.stall_timeout = None if stall_timeout is None else float(stall_timeout)
         self.debug_collectives = debug_collectives
-        self.transport, self.start_method = transport, start_method
+        self.start_method = start_method
         self._hang_guard: HangGuard | None = None
         self._environment: ClusterEnvironment | None = None
         self._reducer: GradReducer | None = None
@@ -179,8 +183,6 @@ class DDPStrategy(Strategy):
 
     @override
     def setup_module(self, module: nn.Module, *, for_training: bool = True) -> nn.Module:
-        from strategies.reducer import GradReducer
-
         self._require_process_group("setup_module")
         if self.sync_batchnorm:
             module = nn.SyncBatchNorm.convert_sync_batchnorm(module)
@@ -196,12 +198,8 @@ class DDPStrategy(Strategy):
         if self._reducer is not None:
             self._reducer.remove()
         self._buffers_due = True
-        self._reducer = GradReducer(module, bucket_cap_mb=first_pass_cap_mb(self.bucket_cap_mb),
-                                    first_bucket_cap_mb=self.first_bucket_cap_mb,
-                                    gradient_as_bucket_view=self.gradient_as_bucket_view,
-                                    comm_hook=self.comm_hook, find_unused_parameters=self.find_unused_parameters,
-                                    transport=self.transport, timeout=self.timeout)
-        self._tuning = CapTuning.attach(self._reducer, self.bucket_cap_mb, adopted_mb=self._tuned_bucket_cap_mb)
+        self._reducer, self._tuning = self.reducer_options.attach(module, timeout=self.timeout,
+                                                                  adopted_mb=self._tuned_bucket_cap_mb)
         return module
 
     @override
@@ -224,7 +222,7 @@ class DDPStrategy(Strategy):
         synchronised step syncs, the first training forward after validation does not, and only the
         first micro-batch of an accumulation window does. Every rank takes the same branch (each has
         at least one evaluation batch), so the broadcast cannot hang on uneven evaluation shards."""
-        if self._buffers_due and self.broadcast_buffers and dist.is_initialized() and dist.get_world_size() > 1:
+        if self._buffers_due and self.reducer_options.broadcast_buffers and dist.is_initialized() and dist.get_world_size() > 1:
             buffers = list(module.buffers())
             if buffers:
                 broadcast_tensors(buffers)
@@ -350,11 +348,7 @@ class DDPStrategy(Strategy):
             **super().summary(),
             "environment": type(self.environment).__name__,
             "backend": dist.get_backend() if dist.is_initialized() else None,
-            "bucket_cap_mb": self.bucket_cap_mb, "first_bucket_cap_mb": self.first_bucket_cap_mb,
-            "gradient_as_bucket_view": self.gradient_as_bucket_view,
-            "comm_hook": getattr(self.comm_hook, "__name__", self.comm_hook),
-            "find_unused_parameters": self.find_unused_parameters, "broadcast_buffers": self.broadcast_buffers,
-            "transport": self.transport,
+            **self.reducer_options.summary(),
             "reducer": reducer_summary(self._reducer, self._tuning) if self._reducer is not None else None,
         }
 
@@ -376,8 +370,7 @@ class DDPStrategy(Strategy):
             return dynamo_ctx  # nothing to overlap with
         from strategies.compile import bucketed_context
 
-        cap = self._tuned_bucket_cap_mb or first_pass_cap_mb(self.bucket_cap_mb)
-        return bucketed_context(dynamo_ctx, cap, self.first_bucket_cap_mb)
+        return bucketed_context(dynamo_ctx, *self.reducer_options.graph_split_caps(self._tuned_bucket_cap_mb))
 
     @override
     def stop_workers(self) -> None:

@@ -6,13 +6,20 @@ both must fail in the launching process, before any worker starts, with the same
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from dataclasses import dataclass
-from typing import Any
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
-from strategies.autotune import AUTO
+from torch import nn
+
+from strategies.autotune import AUTO, CapTuning, first_pass_cap_mb
 from strategies.comm_hooks import CommHook, resolve_comm_hook
 from strategies.shm_transport import check_transport
+
+if TYPE_CHECKING:
+    from strategies.reducer import GradReducer
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,34 @@ class ReducerOptions:
             check_bool(name, getattr(self, name))
         resolve_comm_hook(self.comm_hook)  # names the accepted hooks on a bad value
         check_transport(self.transport)
+
+    def attach(self, module: nn.Module, *, timeout: timedelta,
+               adopted_mb: float | None = None) -> tuple[GradReducer, CapTuning | None]:
+        """A GradReducer on `module` shaped by these options, with its bucket-cap tuning (None unless
+        bucket_cap_mb="auto"; `adopted_mb` is the cap a checkpoint's tuning already settled on)."""
+        from strategies.reducer import GradReducer  # in workers only: `import strategies` stays light
+
+        reducer = GradReducer(module, bucket_cap_mb=first_pass_cap_mb(self.bucket_cap_mb),
+                              first_bucket_cap_mb=self.first_bucket_cap_mb,
+                              gradient_as_bucket_view=self.gradient_as_bucket_view, comm_hook=self.comm_hook,
+                              find_unused_parameters=self.find_unused_parameters, transport=self.transport,
+                              timeout=timeout)
+        return reducer, CapTuning.attach(reducer, self.bucket_cap_mb, adopted_mb=adopted_mb)
+
+    def graph_split_caps(self, adopted_mb: float | None = None) -> tuple[float, float]:
+        """Where a compiled graph is split so its pieces end where the buckets do: the cap the reducer
+        starts with (or the one a checkpoint's tuning settled on) and the first bucket's cap."""
+        return adopted_mb or first_pass_cap_mb(self.bucket_cap_mb), float(self.first_bucket_cap_mb)
+
+    def summary(self) -> dict[str, Any]:
+        """The options as plain values for reports (a comm hook function by its name)."""
+        return {**dataclasses.asdict(self), "comm_hook": getattr(self.comm_hook, "__name__", self.comm_hook)}
+
+
+def option_property(name: str) -> Any:
+    """A strategy attribute that reads `self.reducer_options.<name>`: the options stay the one copy."""
+    return property(lambda strategy: getattr(strategy.reducer_options, name),
+                    doc=f"The reducer option `{name}` this strategy was built with (read-only).")
 
 
 def check_positive_number(name: str, value: Any, unit: str = "MiB", alternative: str = "") -> None:

@@ -23,13 +23,12 @@ from torch import nn
 from torch.distributed.constants import default_pg_timeout
 from typing_extensions import override
 
-from strategies.autotune import CapTuning, first_pass_cap_mb, reducer_summary
+from strategies.autotune import reducer_summary
 from strategies.comm_hooks import CommHook
 from strategies.compile import split_lightning_compiled
 from strategies.replicas import broadcast_tensors, check_same_parameters
 from strategies.lightning.preemption import LightningPreemption
 from strategies.preemption import PreemptionPolicy
-from strategies.reducer import GradReducer
 from strategies.reducer_options import ReducerOptions
 
 START_METHODS = ("popen", "spawn", "fork", "forkserver")
@@ -56,13 +55,7 @@ class ReducedModule(nn.Module):
         # Torch DDP's flag and initial value: True until a forward that no synchronised backward
         # follows (no grad, or inside no_sync); it decides whether the *next* forward syncs buffers.
         self.require_forward_param_sync = True
-        self.reducer = GradReducer(module, bucket_cap_mb=first_pass_cap_mb(options.bucket_cap_mb),
-                                   first_bucket_cap_mb=options.first_bucket_cap_mb,
-                                   gradient_as_bucket_view=options.gradient_as_bucket_view,
-                                   comm_hook=options.comm_hook,
-                                   find_unused_parameters=options.find_unused_parameters,
-                                   transport=options.transport, timeout=timeout)
-        self.tuning = CapTuning.attach(self.reducer, options.bucket_cap_mb)  # None unless bucket_cap_mb="auto"
+        self.reducer, self.tuning = options.attach(module, timeout=timeout)  # tuning: None unless "auto"
 
     @override
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -135,8 +128,7 @@ def build_strategy_class(base: type[Any], module: str) -> type[Any]:
         @override
         def _setup_model(self, model: nn.Module) -> nn.Module:
             if self.world_size > 1:  # a compiled module's graphs split at our buckets, as under torch DDP
-                split_lightning_compiled(model, first_pass_cap_mb(self.reducer_options.bucket_cap_mb),
-                                         float(self.reducer_options.first_bucket_cap_mb))
+                split_lightning_compiled(model, *self.reducer_options.graph_split_caps())
             return ReducedModule(model, self.reducer_options, rank=self.global_rank,
                                  timeout=self._timeout or default_pg_timeout)
 
