@@ -8,7 +8,9 @@ this shared machine drift ±20 % from round to round, so separate runs cannot te
 versions are connected side by side in the same two processes and alternate every iteration
 (order swapped every pair), so drift hits both alike. An iteration is a mock of the `mlp`
 workload's tail: a 24 MiB bucket is sent, a little compute runs on the main thread (the last
-layer's backward), an 8 MiB bucket is sent, and the rank waits for both.
+layer's backward), an 8 MiB bucket is sent, and the rank waits for both. Each file is the
+all-reduce protocol (`connect_shared_memory` included); the region file it maps comes from the
+current tree's `strategies/shm_region.py` (a file from before that split carries its own).
 """
 
 from __future__ import annotations

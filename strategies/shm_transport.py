@@ -30,10 +30,7 @@ from __future__ import annotations
 import logging
 import mmap
 import os
-import platform
 import queue
-import secrets
-import socket
 import threading
 import time
 from datetime import timedelta
@@ -43,15 +40,12 @@ import torch
 import torch.distributed as dist
 
 from strategies.hang_guard import LEDGER
+from strategies.shm_region import (DONE, FAILED, FLAGS_BYTES, READY, REDUCED, SHAPE, Obstacle, create_region,
+                                   first_obstacle, host_identity, local_obstacle, open_region, region_bytes,
+                                   unlink_quietly)
 
 TRANSPORTS = ("auto", "shared_memory", "process_group")
-SHM_DIR_ENV = "DDP_TRAINER_SHM_DIR"  # where the region file lives; /dev/shm unless set (tests)
 _DEFAULT_SLOT_BYTES = 2 * 2**20  # per rank; larger measured no faster, and every rank maps every slot (RSS)
-_FLAGS_BYTES = 4096  # one page: the flags never share a cache line with gradient data
-# Words of a rank's flags page. SHAPE (element count and dtype of the round) is written before
-# READY, so peers can refuse a round whose tensors differ instead of summing garbage; FAILED lets a
-# rank that hit an error stop its peers at once instead of after the timeout.
-_READY, _REDUCED, _DONE, _TOKEN, _SHAPE, _FAILED = 0, 1, 2, 3, 4, 5
 _ALIGN_BYTES = 64  # chunk boundaries on cache lines, so two writers never share one
 _CLOSE_WAIT_S = 30.0
 # Flag checks before sleeping, each after a sched_yield (~1 us; `time.sleep(0)` costs ~90 us here,
@@ -91,11 +85,11 @@ class SharedMemoryAllReduce:
         self.rank, self.world_size, self.slot_bytes = rank, world_size, slot_bytes
         self._timeout_s = timeout.total_seconds()
         self._region = region
-        stride = _FLAGS_BYTES + slot_bytes
-        self._flags = [memoryview(region)[k * stride:k * stride + _FLAGS_BYTES].cast("q")
+        stride = FLAGS_BYTES + slot_bytes
+        self._flags = [memoryview(region)[k * stride:k * stride + FLAGS_BYTES].cast("q")
                        for k in range(world_size)]
         self._slots = [torch.frombuffer(region, dtype=torch.uint8, count=slot_bytes,
-                                        offset=k * stride + _FLAGS_BYTES) for k in range(world_size)]
+                                        offset=k * stride + FLAGS_BYTES) for k in range(world_size)]
         self._generation = 0
         self._failure: BaseException | None = None
         self._queue: queue.SimpleQueue[tuple[torch.Tensor, torch.dtype, torch.futures.Future[list[torch.Tensor]]] | None]
@@ -167,7 +161,7 @@ class SharedMemoryAllReduce:
                 self._round(flat[start:start + per_round], wire_dtype)
         except BaseException as error:  # noqa: BLE001 - handed to the waiting rank's main thread
             self._failure = error  # the flags are mid-round now: every later reduction fails too
-            self._publish(_FAILED, 1)  # peers stop waiting for us at their next poll
+            self._publish(FAILED, 1)  # peers stop waiting for us at their next poll
             _fail(future, error)
         else:
             future.set_result([tensor])
@@ -177,22 +171,22 @@ class SharedMemoryAllReduce:
         count = piece.numel()
         slots = [slot[:count * wire_dtype.itemsize].view(wire_dtype) for slot in self._slots]
         mine = slots[self.rank]
-        self._wait_for_all(_DONE, generation - 1, "finish reading the previous round")
+        self._wait_for_all(DONE, generation - 1, "finish reading the previous round")
         mine.copy_(piece)  # rounds to the wire dtype on the way in, in the same pass
-        self._publish(_SHAPE, count * 64 + _DTYPE_CODES.get(wire_dtype, 0))
-        self._publish(_READY, generation)
-        self._wait_for_all(_READY, generation, "copy its gradients in")
+        self._publish(SHAPE, count * 64 + _DTYPE_CODES.get(wire_dtype, 0))
+        self._publish(READY, generation)
+        self._wait_for_all(READY, generation, "copy its gradients in")
         self._check_same_shape(wire_dtype, generation)
         low, high = self._chunk(count, self.rank, wire_dtype.itemsize)
         if high > low:
             self._sum_my_chunk(piece[low:high], [slot[low:high] for slot in slots])
-        self._publish(_REDUCED, generation)
-        self._wait_for_all(_REDUCED, generation, "sum its share")
+        self._publish(REDUCED, generation)
+        self._wait_for_all(REDUCED, generation, "sum its share")
         for peer in range(self.world_size):
             if peer != self.rank:
                 low, high = self._chunk(count, peer, wire_dtype.itemsize)
                 piece[low:high].copy_(slots[peer][low:high])
-        self._publish(_DONE, generation)
+        self._publish(DONE, generation)
 
     def _sum_my_chunk(self, share: torch.Tensor, addends: list[torch.Tensor]) -> None:
         """Sum my chunk of every rank's slot into `share` (my piece) and into my slot, for the peers.
@@ -216,9 +210,9 @@ class SharedMemoryAllReduce:
             share.copy_(mine)
 
     def _check_same_shape(self, wire_dtype: torch.dtype, generation: int) -> None:
-        mine = self._flags[self.rank][_SHAPE]
+        mine = self._flags[self.rank][SHAPE]
         for peer in range(self.world_size):
-            theirs = self._flags[peer][_SHAPE]
+            theirs = self._flags[peer][SHAPE]
             if theirs != mine:
                 raise RuntimeError(
                     f"shared-memory all-reduce round {generation}: rank {self.rank} sends {mine // 64} elements "
@@ -256,7 +250,7 @@ class SharedMemoryAllReduce:
             time.sleep(min(_LONGEST_PAUSE_S, 2e-5 * (polls - _QUICK_POLLS + 1)))
 
     def _check_still_waiting(self, peer: int, stage: str, generation: int, waited: float) -> None:
-        if self._flags[peer][_FAILED]:
+        if self._flags[peer][FAILED]:
             raise RuntimeError(f"rank {peer} failed in shared-memory all-reduce round {generation} (its own error "
                                f"says why); rank {self.rank} stopped waiting for it to {stage}.")
         if self._closed:
@@ -286,25 +280,25 @@ def connect_shared_memory(group: dist.ProcessGroup | None, *, transport: str, ti
     if transport == "process_group" or world_size == 1:
         return None
     rank = dist.get_rank(group)
-    # Every local step turns its errors into an _Obstacle, so every rank reaches every collective
+    # Every local step turns its errors into an Obstacle, so every rank reaches every collective
     # below and all ranks reach the same verdict: no rank can be left waiting in one.
-    reports = _gather(group, "hosts", (_host_identity(), _local_obstacle(_region_bytes(world_size, slot_bytes))))
-    obstacle = _first_obstacle(reports)
-    created: tuple[str, int] | _Obstacle | None = None
+    reports = _gather(group, "hosts", (host_identity(), local_obstacle(region_bytes(world_size, slot_bytes))))
+    obstacle = first_obstacle(reports)
+    created: tuple[str, int] | Obstacle | None = None
     if obstacle is None:
-        box: list[Any] = [_create_region(world_size, slot_bytes) if rank == 0 else None]
+        box: list[Any] = [create_region(world_size, slot_bytes) if rank == 0 else None]
         LEDGER.begin("broadcast(shared-memory region)")
         dist.broadcast_object_list(box, src=_global_rank(group, 0), group=group)
         created = box[0]
-        obstacle = created if isinstance(created, _Obstacle) else None
+        obstacle = created if isinstance(created, Obstacle) else None
     region: mmap.mmap | None = None
     try:
         if isinstance(created, tuple):
-            region, obstacle = _open_region(created, rank, world_size, slot_bytes)
+            region, obstacle = open_region(created, rank, world_size, slot_bytes)
         results = _gather(group, "mapped", obstacle)  # also the barrier before the file is unlinked
     finally:
         if rank == 0 and isinstance(created, tuple):
-            _unlink_quietly(created[0])
+            unlink_quietly(created[0])
     obstacle = next((result for result in results if result is not None), None)
     if obstacle is None and region is not None:
         return SharedMemoryAllReduce(region, rank=rank, world_size=world_size, slot_bytes=slot_bytes,
@@ -323,98 +317,6 @@ def _gather(group: dist.ProcessGroup | None, what: str, mine: Any) -> list[Any]:
     gathered: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(gathered, mine, group=group)
     return gathered
-
-
-class _Obstacle(str):
-    """Why one rank cannot use shared memory (a str, so it pickles through all_gather_object)."""
-
-
-def _host_identity() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as file:
-            boot = file.read().strip()
-    except OSError:
-        boot = ""
-    return f"{socket.gethostname()}/{boot}"
-
-
-def _shm_dir() -> str:
-    return os.environ.get(SHM_DIR_ENV, "/dev/shm")
-
-
-def _local_obstacle(region_bytes: int) -> _Obstacle | None:
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return _Obstacle(f"{platform.machine()} is not x86-64 (the flags rely on x86's store order)")
-    directory = _shm_dir()
-    if not os.path.isdir(directory):
-        return _Obstacle(f"{directory} does not exist")
-    try:
-        stats = os.statvfs(directory)
-    except OSError as error:
-        return _Obstacle(f"cannot read the free space of {directory}: {error}")
-    free = stats.f_bavail * stats.f_frsize
-    if free < 2 * region_bytes:
-        return _Obstacle(f"{directory} has {free / 2**20:.0f} MiB free, fewer than twice the "
-                         f"{region_bytes / 2**20:.0f} MiB needed")
-    return None
-
-
-def _first_obstacle(reports: list[tuple[str, _Obstacle | None]]) -> _Obstacle | None:
-    for rank, (_, obstacle) in enumerate(reports):
-        if obstacle is not None:
-            return _Obstacle(f"rank {rank}: {obstacle}")
-    hosts = {host for host, _ in reports}
-    if len(hosts) > 1:
-        return _Obstacle(f"the ranks run on {len(hosts)} hosts")
-    return None
-
-
-def _create_region(world_size: int, slot_bytes: int) -> tuple[str, int] | _Obstacle:
-    """Rank 0: create and reserve the file (so a full /dev/shm fails here, not as a SIGBUS later)."""
-    token = secrets.randbits(62)
-    path = os.path.join(_shm_dir(), f"ddp_trainer_grads_{os.getpid()}_{token:x}")
-    size = _region_bytes(world_size, slot_bytes)
-    try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
-            os.posix_fallocate(fd, 0, size)
-            os.pwrite(fd, token.to_bytes(8, "little"), _TOKEN * 8)  # rank 0's flags page carries the token
-        finally:
-            os.close(fd)
-    except Exception as error:  # noqa: BLE001 - any failure becomes a reason every rank hears
-        _unlink_quietly(path)
-        return _Obstacle(f"rank 0 could not create {path}: {type(error).__name__}: {error}")
-    return path, token
-
-
-def _open_region(created: tuple[str, int], rank: int, world_size: int,
-                 slot_bytes: int) -> tuple[mmap.mmap | None, _Obstacle | None]:
-    path, token = created
-    size = _region_bytes(world_size, slot_bytes)
-    try:
-        fd = os.open(path, os.O_RDWR)
-        try:
-            region = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)
-    except Exception as error:  # noqa: BLE001 - any failure becomes a reason every rank hears
-        return None, _Obstacle(f"rank {rank} could not map {path}: {type(error).__name__}: {error}")
-    if int.from_bytes(region[_TOKEN * 8:_TOKEN * 8 + 8], "little") != token:
-        region.close()
-        return None, _Obstacle(f"rank {rank} sees another {path} (a separate /dev/shm?)")
-    return region, None
-
-
-def _region_bytes(world_size: int, slot_bytes: int) -> int:
-    """The file's size: one flags page and one slot per rank."""
-    return world_size * (_FLAGS_BYTES + slot_bytes)
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 def _global_rank(group: dist.ProcessGroup | None, group_rank: int) -> int:

@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import strategies.shm_region as shm_region
 import strategies.shm_transport as shm
 from tests.helpers.reducer_models import identical_across_ranks
 from tests.helpers.spawn import RankFailed, run_on_ranks
@@ -36,7 +37,7 @@ def _contribution(rank: int, numel: int, dtype: torch.dtype, seed: int) -> torch
 
 
 def _compare_with_gloo(rank: int, world_size: int, directory: str) -> dict[str, Any]:
-    os.environ[shm.SHM_DIR_ENV] = directory
+    os.environ[shm_region.SHM_DIR_ENV] = directory
     transport = shm.connect_shared_memory(None, transport="shared_memory", timeout=timedelta(seconds=30),
                                           slot_bytes=SLOT)
     assert transport is not None
@@ -73,9 +74,9 @@ def test_sums_like_gloo_in_every_dtype_and_size(world_size: int, tmp_path: Path)
 
 
 def _connect(rank: int, world_size: int, transport: str, directory: str, split_hosts: bool) -> str | None:
-    os.environ[shm.SHM_DIR_ENV] = directory
+    os.environ[shm_region.SHM_DIR_ENV] = directory
     if split_hosts:
-        shm._host_identity = lambda: f"host-{rank}"  # type: ignore[assignment]  # as on two machines
+        shm.host_identity = lambda: f"host-{rank}"  # type: ignore[assignment]  # as on two machines
     connected = shm.connect_shared_memory(None, transport=transport, timeout=timedelta(seconds=30))
     if connected is None:
         return None
@@ -98,7 +99,7 @@ def test_shared_memory_that_cannot_be_had_is_an_error_naming_why(tmp_path: Path)
 
 
 def _one_rank_never_arrives(rank: int, world_size: int, directory: str) -> str:
-    os.environ[shm.SHM_DIR_ENV] = directory
+    os.environ[shm_region.SHM_DIR_ENV] = directory
     transport = shm.connect_shared_memory(None, transport="shared_memory", timeout=timedelta(seconds=2))
     assert transport is not None
     message = "arrived"
@@ -127,7 +128,7 @@ def test_rejects_an_unknown_transport() -> None:
 
 def _reduce_and_report(rank: int, directory: str, numel: int, fail: bool) -> str:
     """One all-reduce of `numel` ones; `fail` makes this rank's worker raise mid-round (fault injection)."""
-    os.environ[shm.SHM_DIR_ENV] = directory
+    os.environ[shm_region.SHM_DIR_ENV] = directory
     transport = shm.connect_shared_memory(None, transport="shared_memory", timeout=timedelta(seconds=60))
     assert transport is not None
     if fail:
