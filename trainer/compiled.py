@@ -21,6 +21,7 @@ from typing import Any
 
 from torch import nn
 
+from strategies.base import Strategy
 from strategies.compile import COMPILED_METHODS
 _CONTEXT_ATTRIBUTE = "_ddp_trainer_dynamo_ctx"  # set on the plain module; it pickles with it
 _WRAPPER_PREFIX = "_orig_mod."
@@ -41,7 +42,7 @@ def unwrap_compiled(model: nn.Module) -> nn.Module:
 
 
 @contextmanager
-def compiled_steps(module: nn.Module, strategy: Any) -> Iterator[None]:
+def compiled_steps(module: nn.Module, strategy: Strategy) -> Iterator[None]:
     """Run `forward` and the steps of a module given compiled through its dynamo context (adapted
     by the strategy) for the duration of a stage; put the plain methods back afterwards."""
     context = module.__dict__.get(_CONTEXT_ATTRIBUTE)

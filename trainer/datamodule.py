@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainer.contract import TrainerContract
 
 
 class LightningDataModule:
@@ -10,7 +13,7 @@ class LightningDataModule:
     (build datasets on every rank) and the `*_dataloader` methods you need."""
 
     def __init__(self) -> None:
-        self.trainer: Any = None
+        self.trainer: TrainerContract | None = None  # set by the Trainer for the stage
 
     def prepare_data(self) -> None: ...
 

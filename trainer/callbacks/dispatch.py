@@ -13,6 +13,7 @@ from typing import Any
 from torch import nn
 
 from trainer.callbacks.base import Callback
+from trainer.contract import TrainerContract
 from trainer.module_adapter import set_current_hook
 
 _LIGHTNING_CALLBACK_MODULES = ("pytorch_lightning.callbacks.callback", "lightning.pytorch.callbacks.callback")
@@ -67,11 +68,11 @@ class CallbackList:
     def __init__(self, callbacks: Sequence[Any]) -> None:
         self.callbacks = [adopt_callback(callback) for callback in callbacks]
 
-    def call(self, hook: str, trainer: Any, module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    def call(self, hook: str, trainer: TrainerContract, module: nn.Module, *args: Any, **kwargs: Any) -> Any:
         self.call_callbacks(hook, trainer, module, *args, **kwargs)
         return self.call_module(hook, module, *args, **kwargs)
 
-    def call_epoch_end(self, hook: str, trainer: Any, module: nn.Module, before_monitoring: Any = None) -> None:
+    def call_epoch_end(self, hook: str, trainer: TrainerContract, module: nn.Module, before_monitoring: Any = None) -> None:
         """Epoch-end order: other callbacks, the module, then checkpointing and early stopping, which
         see what the module logged in this very hook (`before_monitoring` publishes it)."""
         self.call_callbacks(hook, trainer, module, monitoring=False)
@@ -96,7 +97,7 @@ class CallbackList:
                 if not callable(getattr(type(callback), name, None)):
                     getattr(callback, "__dict__", {}).pop(name, None)
 
-    def call_callbacks(self, hook: str, trainer: Any, module: nn.Module, *args: Any,
+    def call_callbacks(self, hook: str, trainer: TrainerContract, module: nn.Module, *args: Any,
                        monitoring: bool | None = None, **kwargs: Any) -> None:
         previous = set_current_hook(module, hook)
         try:
