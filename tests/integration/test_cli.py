@@ -20,7 +20,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 
-from trainer import cli
+from trainer import Trainer, cli
 from trainer.config import ConfigError, run_name, validate
 from trainer.precision import normalize_precision
 
@@ -135,6 +135,22 @@ def test_validate_names_key_value_and_choices(hydra_context: None, overrides: li
     with pytest.raises(ConfigError) as caught:
         validate(compose_cfg(overrides))
     assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("bad", [
+    {"devices": 0}, {"max_epochs": -2}, {"limit_val_batches": 2.5}, {"val_check_interval": 0},
+    {"log_every_n_steps": -1}, {"gradient_clip_val": -1.0}, {"num_sanity_val_steps": -2}, {"fast_dev_run": -1},
+    {"check_val_every_n_epoch": None, "val_check_interval": 0.5}, {"precision": "17-bits"}, {"accelerator": "tpu"},
+])
+def test_the_cli_reports_the_trainers_own_check(hydra_context: None, bad: dict[str, object]) -> None:
+    """One home per rule: a bad trainer.* value fails in `validate` with the message `Trainer(...)` raises
+    for the same value, with the key's group in front."""
+    overrides = [f"trainer.{key}={'null' if value is None else value}" for key, value in bad.items()]
+    with pytest.raises(ConfigError) as from_cli:
+        validate(compose_cfg(overrides))
+    with pytest.raises((ValueError, TypeError)) as from_trainer:
+        Trainer(**bad)  # type: ignore[arg-type]
+    assert str(from_cli.value) == "trainer." + str(from_trainer.value).rstrip(".")
 
 
 def test_precision_aliases() -> None:
