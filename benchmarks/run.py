@@ -29,11 +29,11 @@ from typing import Any
 from benchmarks import report
 from benchmarks.code_roots import packages_of
 from benchmarks.contenders import ALL_CONTENDERS, BASELINE, CONTENDERS, Contender
-from benchmarks.workloads import WORKLOADS
+from benchmarks.workloads import DEFAULT_WORKLOADS, WORKLOADS
 
 RESULTS = Path(__file__).parent / "results"
 DOCS_RESULTS = Path(__file__).parents[1] / "docs" / "results.md"
-STEPS = {"mlp": (10, 40), "gpt": (5, 20), "cnn": (5, 20)}  # (warm-up, measured) per workload
+STEPS = {"mlp": (10, 40), "gpt": (5, 20), "cnn": (5, 20), "gpt_host": (30, 300)}  # (warm-up, measured) per workload
 QUICK_STEPS = (1, 2)
 LAUNCH_PAIR = (BASELINE, "ours")  # the launch targets compare these two
 SWEEP_CAPS = ("1", "2", "4", "8", "16", "25", "64", "auto")
@@ -60,7 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="1 repeat, few steps, no sweep or accuracy runs")
-    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS), help=f"of {', '.join(WORKLOADS)}")
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
     parser.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default 5; quick 1)")
     parser.add_argument("--warmup", type=int, default=None)

@@ -1,4 +1,4 @@
-"""The three benchmark workloads: plain `nn.Module`s, a loss, and data made in-process.
+"""The benchmark workloads: plain `nn.Module`s, a loss, and data made in-process.
 
 Every contender builds the model from the same seed and draws the same synthetic batches, so
 the only thing that differs between contenders is how gradients are synchronised and how much
@@ -7,6 +7,10 @@ framework sits around the loop. Sizes are chosen for a 2-core CPU with gloo (2 r
 * ``mlp``  comm-bound: ~8.4M parameters (32 MiB of fp32 gradients), small batch.
 * ``gpt``  balanced: a ~4.9M-parameter GPT, sequence 128.
 * ``cnn``  compute-bound: a ~0.51M-parameter CNN on 3x32x32 images.
+* ``gpt_host``  host-bound: ``gpt``'s graph (the same 77 parameter tensors, layers and kernels) at width
+  32 and sequence 16, so its arithmetic costs almost nothing and a step's time is the host's work around
+  the kernels: the regime of a compiled model on a fast GPU, which the CPU can otherwise not show. Not in
+  the default run (`--workloads gpt_host`; one rank, `--devices 1`, isolates the framework's own work).
 """
 
 from __future__ import annotations
@@ -119,6 +123,15 @@ def _gpt_inputs(samples: int, generator: torch.Generator) -> tuple[torch.Tensor,
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
+def _host_bound_gpt() -> nn.Module:
+    return TinyGPT(vocab=64, block=16, width=32, layers=6, heads=2)
+
+
+def _host_bound_gpt_inputs(samples: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    tokens = torch.randint(0, 64, (samples, 17), generator=generator)
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
 # ---------------------------------------------------------------------- compute-bound: CNN
 def _cnn() -> nn.Module:
     def stage(cin: int, cout: int) -> list[nn.Module]:
@@ -138,4 +151,7 @@ WORKLOADS: dict[str, Workload] = {
     "mlp": Workload("mlp", "comm-bound", 32, _mlp, _mlp_inputs),
     "gpt": Workload("gpt", "balanced", 2, TinyGPT, _gpt_inputs, optimizer="adamw", lr=3e-4),
     "cnn": Workload("cnn", "compute-bound", 32, _cnn, _cnn_inputs),
+    "gpt_host": Workload("gpt_host", "host-bound", 2, _host_bound_gpt, _host_bound_gpt_inputs, optimizer="adamw",
+                         lr=3e-4),
 }
+DEFAULT_WORKLOADS = ("mlp", "gpt", "cnn")
