@@ -255,7 +255,7 @@ def _check_trainer(trainer: DictConfig) -> None:
     """The Trainer's own argument checks (trainer/validation.py) and the strategy's accelerator
     check, on the config's values; then what needs this machine: enough CUDA devices."""
     try:
-        resolve_trainer_args({**_TRAINER_DEFAULTS, **_plain(trainer)})
+        resolve_trainer_args({**_TRAINER_DEFAULTS, **OmegaConf.to_container(trainer, resolve=True)})  # type: ignore[dict-item]
         resolve_accelerator(trainer.accelerator)
     except (ValueError, TypeError, RuntimeError) as error:
         raise constructor_error("trainer", error) from error
