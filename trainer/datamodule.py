@@ -38,6 +38,9 @@ class LightningDataModule:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
 
+    def on_exception(self, exception: BaseException) -> None:
+        """Called when a stage ends by an exception (Ctrl-C included), after the callbacks' `on_exception`."""
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["trainer"] = None

@@ -89,6 +89,12 @@ class FitLoopView:
     def min_steps(self) -> int | None:
         return self._trainer.min_steps
 
+    @property
+    def restarting(self) -> bool:
+        """True from a mid-epoch checkpoint's restore until that epoch has ended (an epoch-end checkpoint
+        starts the next epoch afresh: False)."""
+        return self._trainer.loop_state.restarting
+
 
 class LoggerConnectorView:
     """`trainer._logger_connector.should_update_logs`: will the current batch's values be logged."""

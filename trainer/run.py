@@ -61,11 +61,9 @@ def run_stage(trainer: Trainer, stage: str, model: nn.Module, data: dict[str, An
     except KeyboardInterrupt as error:
         interrupted, output = True, None
         rank_zero_warn("Trainer stopped by KeyboardInterrupt (Ctrl-C); the model keeps the weights it had then.")
-        trainer.callback_list.call("on_exception", trainer, model, error)
-        _finalize_loggers(trainer, "failed")
+        _on_exception(trainer, model, error)
     except BaseException as error:
-        trainer.callback_list.call("on_exception", trainer, model, error)
-        _finalize_loggers(trainer, "failed")
+        _on_exception(trainer, model, error)
         raise
     finally:
         detach(model)
@@ -86,6 +84,15 @@ def run_stage(trainer: Trainer, stage: str, model: nn.Module, data: dict[str, An
             state = plain_state_dict(trainer.strategy.unwrap(model).state_dict())
             result.state_dict = {k: v.detach().cpu() for k, v in state.items()}
     return result
+
+
+def _on_exception(trainer: Trainer, model: nn.Module, error: BaseException) -> None:
+    """Lightning's order when a stage ends by an exception: the callbacks' `on_exception`, then the
+    datamodule's; the loggers close with status "failed"."""
+    trainer.callback_list.call("on_exception", trainer, model, error)
+    if trainer.datamodule is not None:
+        trainer.callback_list.call_module("on_exception", trainer.datamodule, error)
+    _finalize_loggers(trainer, "failed")
 
 
 def _on_cpu(value: Any) -> Any:

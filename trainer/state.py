@@ -64,6 +64,8 @@ class LoopState:
     resumed_in_batch_end: bool = False  # the checkpoint resumed from was written there (never saved as such)
     train_loader_epoch: int = 0  # the epoch the training loader was last requested in (never saved)
     validated_in_fit: bool = False  # a validation (not the sanity check) ran in this fit (never saved)
+    # The fit resumed inside an epoch and that epoch has not ended yet (Lightning's fit_loop.restarting; never saved)
+    restarting: bool = False
     # Learning-rate scheduler steps taken by the loop, in the whole fit and in the current epoch
     # (counted until the next epoch starts, so an epoch-end checkpoint holds that epoch's).
     scheduler_steps: int = 0
@@ -81,7 +83,7 @@ class LoopState:
     def state_dict(self) -> dict[str, Any]:
         transient = ("should_stop", "rng_to_restore", "loader_states_to_restore", "resume_sample_offset",
                      "is_last_batch", "train_loader_epoch", "validated_in_fit", "step_in_flight",
-                     "resumed_in_batch_end")
+                     "resumed_in_batch_end", "restarting")
         state = {k: v for k, v in asdict(self).items() if k not in transient}
         state["stepped_batches"] += int(self.step_in_flight)
         return state
@@ -125,4 +127,24 @@ class TrainerStatus:
 
     def __setattr__(self, name: str, value: object) -> None:
         super().__setattr__(name, _named(value) if isinstance(value, str) else value)
+
+    @property
+    def finished(self) -> bool:
+        """The latest fit/validate/test/predict ran to its end."""
+        return self.status == "finished"
+
+    @property
+    def stopped(self) -> bool:
+        """The latest entry point is over, finished or interrupted."""
+        return self.status in ("finished", "interrupted")
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to any state with the same status, fn and stage: ours, or Lightning's `TrainerState`
+        (its string enums compare equal to our plain strings)."""
+        fields = ("status", "fn", "stage")
+        if not all(hasattr(other, name) for name in fields):
+            return NotImplemented
+        return all(getattr(self, name) == getattr(other, name) for name in fields)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable: as a dataclass with eq
 

@@ -266,6 +266,8 @@ class Trainer:
         self._fitted = self._fitted or stage == "fit"
         self.state.status = "interrupted" if result.interrupted else "finished"
         self.state.fn, self.state.stage = stage, None
+        if result.interrupted:  # Ctrl-C: after the graceful shutdown the script ends, as under Lightning
+            raise SystemExit(1)
         return result.output
 
     def _best_checkpoint_known(self) -> bool:

@@ -57,6 +57,7 @@ def run_fit(trainer: Trainer, module: nn.Module) -> None:
     _advance_past_finished_epoch(trainer)
     _count_skipped_validation(trainer, module)
     resume = ResumePoint.take(state)  # the checkpoint's position inside the first epoch, if any
+    state.restarting = state.batch_in_epoch > 0
     trainer.fit_started_at = time.monotonic()
     trainer.nonfinite_watch = NonFiniteWatch()
     if state.batch_in_epoch == 0:
@@ -66,7 +67,7 @@ def run_fit(trainer: Trainer, module: nn.Module) -> None:
     while not _fit_done(trainer):
         train_loader = _maybe_reload(trainer, module, train_loader)
         _run_epoch(trainer, module, train_loader, resume)
-        resume = None
+        resume, state.restarting = None, False
         state.current_epoch += 1
         state.batch_in_epoch = state.samples_in_epoch = 0
         if not _fit_done(trainer):
