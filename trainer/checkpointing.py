@@ -45,9 +45,9 @@ def build_checkpoint(trainer: Trainer, module: Any, weights_only: bool = False) 
         "state_dict": plain_state_dict(module.state_dict()),
         "loops": {**lightning_loops(trainer), OURS_KEY: ours},
     }
-    hparams = plain_hparams(getattr(module, "hparams", None))
-    if hparams:
-        checkpoint["hyper_parameters"] = hparams
+    _add_hparams(checkpoint, module, "hyper_parameters", "hparams_name")
+    if trainer.datamodule is not None:
+        _add_hparams(checkpoint, trainer.datamodule, "datamodule_hyper_parameters", "datamodule_hparams_name")
     if not weights_only:
         checkpoint["callbacks"] = trainer.callback_list.state_dict()
         checkpoint["optimizer_states"] = [optimizer.state_dict() for optimizer in trainer.optimizers]
@@ -66,6 +66,19 @@ def build_checkpoint(trainer: Trainer, module: Any, weights_only: bool = False) 
                 checkpoint[type(datamodule).__qualname__] = state
     trainer.callback_list.call("on_save_checkpoint", trainer, module, checkpoint)
     return checkpoint
+
+
+def _add_hparams(checkpoint: dict[str, Any], owner: Any, key: str, name_key: str) -> None:
+    """Lightning's keys for a module's (or datamodule's) hyperparameters, as plain values, and the
+    name of the `__init__` argument they came in as when that was one object (`hparams`), so
+    `load_from_checkpoint` passes them back the same way."""
+    hparams = plain_hparams(getattr(owner, "hparams", None))
+    if not hparams:
+        return
+    checkpoint[key] = hparams
+    name = getattr(owner, "_hparams_name", None)
+    if name:
+        checkpoint[name_key] = name
 
 
 _PRECISION_KEY = "MixedPrecision"  # Lightning stores its GradScaler under its plugin's class name

@@ -12,6 +12,7 @@ import inspect
 import sys
 import warnings
 import weakref
+from argparse import Namespace
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,7 @@ class LightningModule(nn.Module):
         self._trainer: Trainer | None = None
         self._current_fx_name: str | None = None
         self._hparams: AttributeDict = AttributeDict()
+        self._hparams_name: str | None = None  # "kwargs", or the __init__ argument that held them (checkpoints)
         self.automatic_optimization: bool = True
         self.example_input_array: Any = None
 
@@ -91,10 +93,13 @@ class LightningModule(nn.Module):
         caller = frame.f_back if frame is not None else None
         init_args = collect_init_args(caller) if caller is not None else {}
         ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
+        self._hparams_name = "kwargs"
         if args and all(isinstance(name, str) for name in args):
             init_args = {name: init_args[name] for name in args if name in init_args}
-        elif args and isinstance(args[0], Mapping):
-            init_args = dict(args[0])
+        elif args and isinstance(args[0], (Mapping, Namespace)):
+            # One object (a dict, an argparse Namespace): remember which __init__ argument it came in as
+            self._hparams_name = next((name for name, value in init_args.items() if value is args[0]), None)
+            init_args = dict(args[0]) if isinstance(args[0], Mapping) else vars(args[0])
         self._hparams.update({k: v for k, v in init_args.items() if k not in ignored})
         self._log_hyperparams = logger
 
@@ -106,8 +111,11 @@ class LightningModule(nn.Module):
         from strategies.checkpoint_io import TorchCheckpointIO
 
         checkpoint = TorchCheckpointIO().load(checkpoint_path, map_location=map_location or "cpu")
-        hparams = {**checkpoint.get("hyper_parameters", {}), **hparam_overrides}
-        module = cls(**hparams)
+        saved, name = checkpoint.get("hyper_parameters", {}), checkpoint.get("hparams_name")
+        if name not in (None, "kwargs") and name in inspect.signature(cls.__init__).parameters:
+            module = cls(**{name: saved, **hparam_overrides})  # they came in as one object: passed back so
+        else:
+            module = cls(**{**saved, **hparam_overrides})
         module.load_state_dict(checkpoint["state_dict"], strict=strict)
         return module
 

@@ -209,7 +209,7 @@ def test_checkpoint_holds_everything_and_loads_weights_only(tmp_path: Path) -> N
     checkpoint = torch.load(tmp_path / "a.ckpt", weights_only=True)
     # exactly Lightning's top-level keys; exact resumption's extras (every rank's RNG states) in "loops"
     assert {"epoch", "global_step", "pytorch-lightning_version", "state_dict", "optimizer_states", "lr_schedulers",
-            "loops", "callbacks", "hyper_parameters"} == set(checkpoint)
+            "loops", "callbacks", "hyper_parameters", "hparams_name"} == set(checkpoint)
     assert {"rng_states", "metrics"} <= set(checkpoint["loops"]["ddp_trainer"])
     restored = TinyRegressor.load_from_checkpoint(str(tmp_path / "a.ckpt"))
     assert restored.hparams.lr == 0.01
