@@ -63,6 +63,9 @@ class LoopState:
     in_batch_end: bool = False
     resumed_in_batch_end: bool = False  # the checkpoint resumed from was written there (never saved as such)
     train_loader_epoch: int = 0  # the epoch the training loader was last requested in (never saved)
+    # The epoch fit last requested the validation loaders in, as reload_dataloaders_every_n_epochs counts
+    # (None: not yet; a sanity check in an epoch without validation does not count); never saved
+    val_loader_epoch: int | None = None
     validated_in_fit: bool = False  # a validation (not the sanity check) ran in this fit (never saved)
     # The fit resumed inside an epoch and that epoch has not ended yet (Lightning's fit_loop.restarting; never saved)
     restarting: bool = False
@@ -82,7 +85,7 @@ class LoopState:
 
     def state_dict(self) -> dict[str, Any]:
         transient = ("should_stop", "rng_to_restore", "loader_states_to_restore", "resume_sample_offset",
-                     "is_last_batch", "train_loader_epoch", "validated_in_fit", "step_in_flight",
+                     "is_last_batch", "train_loader_epoch", "val_loader_epoch", "validated_in_fit", "step_in_flight",
                      "resumed_in_batch_end", "restarting")
         state = {k: v for k, v in asdict(self).items() if k not in transient}
         state["stepped_batches"] += int(self.step_in_flight)

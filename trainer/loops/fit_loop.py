@@ -40,8 +40,11 @@ def run_fit(trainer: Trainer, module: nn.Module) -> None:
     state.validated_in_fit = False
     settle_max_epochs(trainer)
     check_training_signature(module)
+    state.val_loader_epoch = None
     if _should_sanity_check(trainer, module):
         run_sanity_check(trainer, module)
+        if validates_in_epoch(trainer):  # the loaders it requested count as this epoch's validation loaders
+            state.val_loader_epoch = trainer.current_epoch
     trainer.state.stage = "train"
     if trainer.limit_train_batches == 0:
         rank_zero_info("Trainer.fit stopped: limit_train_batches=0, no training batches.")
@@ -51,7 +54,8 @@ def run_fit(trainer: Trainer, module: nn.Module) -> None:
         rank_zero_warn("The training dataloader yields no batches (an empty dataset, or drop_last with fewer samples "
                        "than batch_size per rank): nothing to train on.")
         return
-    _request_val_loaders(trainer, module)
+    if validates_in_epoch(trainer):  # the first epoch validates: its loaders now (the progress bar shows them)
+        _ensure_val_loaders(trainer, module)
     _check_val_interval(trainer)
     _continue_sample_stream(trainer, train_loader)
     _advance_past_finished_epoch(trainer)
@@ -100,14 +104,25 @@ def _request_val_loaders(trainer: Trainer, module: nn.Module) -> None:
 
 
 def _maybe_reload(trainer: Trainer, module: nn.Module, train_loader: Any) -> Any:
-    """reload_dataloaders_every_n_epochs=n: ask the hooks for fresh loaders every n epochs."""
+    """reload_dataloaders_every_n_epochs=n: ask the hook for a fresh training loader every n epochs
+    (the validation loaders count their own epochs: `_ensure_val_loaders`)."""
     every = trainer.reload_dataloaders_every_n_epochs
     if not every or trainer.current_epoch - trainer.loop_state.train_loader_epoch < every:
         return train_loader
-    train_loader = _request_train_loader(trainer, reload=True)
+    return _request_train_loader(trainer, reload=True)
+
+
+def _ensure_val_loaders(trainer: Trainer, module: nn.Module) -> None:
+    """Lightning's timing: fit requests the validation loaders when a validation is first due, and
+    again at a due validation once `reload_dataloaders_every_n_epochs` epochs have passed since the
+    last request; so with validation every few epochs they reload on their own schedule."""
+    state, every = trainer.loop_state, trainer.reload_dataloaders_every_n_epochs
+    if "validate" in trainer.data.loaders and not (
+            every and (state.val_loader_epoch is None or trainer.current_epoch - state.val_loader_epoch >= every)):
+        return
     trainer.data.loaders.pop("validate", None)
     _request_val_loaders(trainer, module)
-    return train_loader
+    state.val_loader_epoch = trainer.current_epoch
 
 
 def _as_count(total: int) -> int | float:
@@ -220,9 +235,15 @@ def validates_in_epoch(trainer: Trainer) -> bool:
 
 
 def _should_validate(trainer: Trainer, batch_idx: int, module: nn.Module, epoch_ended: bool = False) -> bool:
-    if not has_step(module, "validate") or not any(trainer.num_val_batches) or not validates_in_epoch(trainer):
+    """Whether a validation runs after this batch; when one is due, its loaders are (re)requested first."""
+    if not has_step(module, "validate") or not validates_in_epoch(trainer) \
+            or not _validation_due(trainer, batch_idx, epoch_ended):
         return False
-    every_n_epochs = trainer.check_val_every_n_epoch
+    _ensure_val_loaders(trainer, module)
+    return any(trainer.num_val_batches)
+
+
+def _validation_due(trainer: Trainer, batch_idx: int, epoch_ended: bool) -> bool:
     if trainer.should_stop and _can_stop_early(trainer):
         return True
     total = trainer.num_training_batches
@@ -232,7 +253,7 @@ def _should_validate(trainer: Trainer, batch_idx: int, module: nn.Module, epoch_
             return (batch_idx + 1) % interval == 0
         return epoch_ended
     every = max(1, int(total * interval)) if isinstance(interval, float) else int(interval)
-    counter = batch_idx if every_n_epochs is not None else trainer.current_epoch * total + batch_idx
+    counter = batch_idx if trainer.check_val_every_n_epoch is not None else trainer.current_epoch * total + batch_idx
     return (counter + 1) % every == 0 or (batch_idx + 1 == total and isinstance(interval, float) and interval == 1.0)
 
 
