@@ -144,6 +144,12 @@ def rebuild_dataloader(dataloader: DataLoader, sampler: Sampler[int]) -> DataLoa
     return DataLoader(dataloader.dataset, sampler=sampler, **_public_fields(dataloader))
 
 
+def rebuild_with_batch_sampler(dataloader: DataLoader, batch_sampler: Any) -> DataLoader:
+    """The same loader (workers, collate, ...) drawing whole batches of indices from `batch_sampler`."""
+    fields = {key: value for key, value in _public_fields(dataloader).items() if key not in ("batch_size", "drop_last")}
+    return DataLoader(dataloader.dataset, batch_sampler=batch_sampler, **fields)
+
+
 def _check_enough_samples_to_train(dataloader: DataLoader, num_replicas: int) -> None:
     """Padding a dataset smaller than the world would train every rank on copies of the same
     samples: almost certainly a wrong path or split, so say so instead."""

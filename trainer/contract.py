@@ -27,6 +27,17 @@ class TrainerStateView(Protocol):
     status: str
 
 
+class PredictRunView(Protocol):
+    """`trainer.predict_loop`: what prediction writers read of the current predict run."""
+
+    @property
+    def current_batch_indices(self) -> list[int]: ...
+    @property
+    def epoch_batch_indices(self) -> list[list[list[int]]]: ...
+    @property
+    def predictions(self) -> Any: ...
+
+
 class TrainerContract(Protocol):
     """The documented surface of a Trainer (docs/trainer-contract.md). Read-only unless noted."""
 
@@ -56,6 +67,8 @@ class TrainerContract(Protocol):
     def testing(self) -> bool: ...
     @property
     def predicting(self) -> bool: ...
+    @property
+    def predict_loop(self) -> PredictRunView: ...
 
     # the world
     @property

@@ -7,9 +7,10 @@ exactly what Lightning 2.6's callbacks read (`trainer.fit_loop.epoch_loop...`,
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from trainer.loops.prediction_run import PredictionRun
     from trainer.trainer import Trainer
 
 
@@ -107,3 +108,22 @@ class LoggerConnectorView:
         every = self._trainer.log_every_n_steps
         return bool(every) and ((self._trainer.loop_state.stepped_batches + 1) % every == 0
                                 or self._trainer.should_stop)
+
+
+class PredictLoopView:
+    """`trainer.predict_loop` as far as Lightning's `BasePredictionWriter` looks into it."""
+
+    def __init__(self, run: PredictionRun | None) -> None:
+        self._run = run
+
+    @property
+    def current_batch_indices(self) -> list[int]:
+        return self._run.current_batch_indices if self._run is not None else []
+
+    @property
+    def epoch_batch_indices(self) -> list[list[list[int]]]:
+        return self._run.epoch_batch_indices if self._run is not None else []
+
+    @property
+    def predictions(self) -> Any:
+        return self._run.results() if self._run is not None else []

@@ -147,7 +147,7 @@ def _run_entry(trainer: Trainer, module: nn.Module, stage: str, data: dict[str, 
         _log_hyperparams(trainer, module)
         module.zero_grad()
         loaders = trainer.data.request(trainer, "predict") if trainer.limit_predict_batches != 0 else []
-        output = run_predict(trainer, module, loaders)
+        output = run_predict(trainer, module, loaders, return_predictions=data.get("return_predictions") is not False)
         _finalize_loggers(trainer, "success")
         return output
     return _evaluate(trainer, module, stage, ckpt_path, data.get("verbose", True))

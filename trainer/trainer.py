@@ -8,8 +8,10 @@ weights, exactly as with a single process.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -24,12 +26,13 @@ from trainer.combined_loader import CombinedLoader
 from trainer.compiled import state_dict_for, unwrap_compiled
 from trainer.logged_metrics import MetricStore
 from trainer.data_sources import DataSources, is_datamodule
-from trainer.lightning_views import FitLoopView, LoggerConnectorView
+from trainer.lightning_views import FitLoopView, LoggerConnectorView, PredictLoopView
 from trainer.loggers.base import DummyLogger, is_logger
 from trainer.optimizers import LRSchedulerConfig
 from trainer.precision import Precision, normalize_precision
 from trainer.loops.fit_loop import effective_max_epochs, settle_max_epochs
 from trainer.loops.nonfinite import NonFiniteWatch
+from trainer.loops.prediction_run import PredictionRun
 from trainer.run import run_stage
 from trainer.stage_result import StageResult
 from trainer.state import LoopState, TrainerStatus
@@ -93,15 +96,16 @@ class Trainer:
     ) -> None:
         args = resolve_trainer_args(locals())
         self.barebones = barebones
-        self.default_root_dir = os.fspath(default_root_dir) if default_root_dir is not None else os.getcwd()
+        self.default_root_dir = os.path.expanduser(os.fspath(default_root_dir)) if default_root_dir is not None \
+            else os.getcwd()
         self.num_devices, self.num_nodes = int(args["devices"]), int(num_nodes)
         self.precision = normalize_precision(args["precision"])
-        self.fast_dev_run = int(fast_dev_run)
+        self.fast_dev_run: bool | int = True if fast_dev_run == 1 else fast_dev_run  # Lightning's: 1 reads True
         # Lightning: None with max_steps set means no epoch limit (-1); None alone stays None until fit
         # starts, which makes it 1000 (or -1 with max_time): loops/fit_loop.settle_max_epochs
         self.max_epochs = 1 if self.fast_dev_run else (-1 if max_epochs is None and max_steps != -1 else max_epochs)
         self.min_epochs, self.min_steps = min_epochs, min_steps
-        self.max_steps = self.fast_dev_run or max_steps
+        self.max_steps = int(self.fast_dev_run) or max_steps
         self.max_time = args["max_time"]
         self.accumulate_grad_batches = accumulate_grad_batches
         self.gradient_clip_val = gradient_clip_val
@@ -148,6 +152,7 @@ class Trainer:
         self.num_predict_batches: list[int | float] = []
         self.num_sanity_val_batches: list[int | float] = []
         self.ckpt_path: str | None = None
+        self.prediction_run: PredictionRun | None = None  # the latest predict run, for prediction writers
         self.preemption_watch: Any = None  # the latest fit's PreemptionWatch (trainer/loops/preemption.py)
         self.preemption_mark: dict[str, Any] | None = None  # while the preemption checkpoint is built
         self.resumed_after_preemption = False  # this fit resumed a preempted run: its checkpoint goes at the end
@@ -225,7 +230,7 @@ class Trainer:
         if model is None and ckpt_path is None and self._fitted and self._best_checkpoint_known():
             ckpt_path = "best"
         output = self._launch("predict", model, dict(dataloaders=dataloaders, datamodule=datamodule,
-                                                     ckpt_path=ckpt_path))
+                                                     ckpt_path=ckpt_path, return_predictions=return_predictions))
         return output if return_predictions is not False else None
 
     def _evaluate_entry(self, stage: str, model: nn.Module | None, dataloaders: Any, ckpt_path: str | None,
@@ -325,6 +330,23 @@ class Trainer:
         if self.is_global_zero:
             print(*args, **kwargs)
 
+    @contextlib.contextmanager
+    def init_module(self, empty_init: bool | None = None) -> Iterator[None]:
+        """Build a module's tensors where it will train: on this process's device and, for
+        "64-true", in float64, instead of on the CPU in float32 and converting afterwards."""
+        if empty_init:
+            raise ValueError("Trainer.init_module(empty_init=True) is not supported: parameters are always "
+                             "initialised; pass empty_init=None or False.")
+        dtype = torch.float64 if self.precision == "64-true" else None
+        previous = torch.get_default_dtype()
+        with self.strategy.root_device:
+            if dtype is not None:
+                torch.set_default_dtype(dtype)
+            try:
+                yield
+            finally:
+                torch.set_default_dtype(previous)
+
     # ------------------------------------------------------------------ read-only state
     @property
     def logger_step(self) -> int:
@@ -369,6 +391,11 @@ class Trainer:
         """The module the strategy trains (Lightning: the wrapped model; ours is the module itself,
         with the gradient reducer attached to its parameters)."""
         return self.lightning_module
+
+    @property
+    def predict_loop(self) -> PredictLoopView:
+        """What prediction writers read of the current (or latest) predict run (see loops/prediction_run.py)."""
+        return PredictLoopView(self.prediction_run)
 
     @property
     def fit_loop(self) -> FitLoopView:
@@ -568,7 +595,8 @@ class Trainer:
         # The module travels to workers as its own argument; the trainer never carries it.
         state = self.__dict__.copy()
         state.update(lightning_module=None, datamodule=None, optimizers=[], wrapped_optimizers=[],
-                     lr_scheduler_configs=[], data=DataSources(), preemption_watch=None)  # a watch holds a store
+                     lr_scheduler_configs=[], data=DataSources(), preemption_watch=None,  # a watch holds a store
+                     prediction_run=None)  # the latest predictions stay where they were made
         return state
 
 

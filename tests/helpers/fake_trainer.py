@@ -77,6 +77,7 @@ class FakeTrainer:
         self.progress_bar_metrics: dict[str, torch.Tensor] = {}
         self.fast_dev_run = False
         self.sanity_checking = False
+        self.predict_loop = SimpleNamespace(current_batch_indices=[], epoch_batch_indices=[], predictions=[])
         self.should_stop = False
         self.log_every_n_steps = 1
         self.val_check_interval: float | int = 1.0

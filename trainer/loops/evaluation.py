@@ -32,6 +32,7 @@ from trainer.combined_loader import CombinedLoader
 from trainer.data_sources import overrides
 from trainer.loops.batches import iterate_limited, num_batches, set_sampler_epoch
 from trainer.loops.signatures import check_eval_signatures
+from trainer.loops.prediction_run import PredictionRun
 from trainer.loops.step_iterator import StepIterator, takes_dataloader_iter
 from trainer.loops.training_step import takes_batch_idx
 from trainer.module_adapter import set_current_hook
@@ -133,10 +134,11 @@ def _evaluate_loaders(trainer: Trainer, module: nn.Module, loaders: list[Any], s
 
 
 def _run_batches(trainer: Trainer, module: nn.Module, loaders: list[Any], stage: str, counts: list[int],
-                 after_step: Any, loader_done: Any = None, *, count: EvalCount) -> None:
+                 after_step: Any, loader_done: Any = None, *, count: EvalCount, before_batch_end: Any = None) -> None:
     """Each loader in turn, each batch: its batch hooks around the step (`dataloader_idx` passed
-    when there are several loaders); `after_step(output, dataloader_idx)`, and
-    `loader_done(dataloader_idx)` once a loader's batches are over. `count` counts the batches."""
+    when there are several loaders); `before_batch_end(batch_idx, dataloader_idx)` before the batch's
+    end hooks, `after_step(output, dataloader_idx)` after them, and `loader_done(dataloader_idx)` once
+    a loader's batches are over. `count` counts the batches."""
     prefix, step_name = _STAGES[stage]
     callbacks, store = trainer.callback_list, trainer.metric_store
     for loader_idx, (loader, limit) in enumerate(zip(loaders, counts)):
@@ -146,6 +148,8 @@ def _run_batches(trainer: Trainer, module: nn.Module, loaders: list[Any], stage:
             callbacks.call(f"on_{prefix}_batch_start", trainer, module, batch, batch_idx, *extra)
             output = _step(trainer, module, step_name, batch, batch_idx, extra)
             count.batch_done(loader_idx == len(loaders) - 1 and batch_idx + 1 == limit)
+            if before_batch_end is not None:
+                before_batch_end(batch_idx, loader_idx)
             callbacks.call(f"on_{prefix}_batch_end", trainer, module, output, batch, batch_idx, *extra)
             count.end_hooks_done()
             after_step(output, loader_idx)
@@ -162,7 +166,8 @@ def _write_step_metrics(trainer: Trainer, stage: str, loader_idx: int) -> None:
 
 
 def _run_fetching_steps(trainer: Trainer, module: nn.Module, loaders: list[Any], stage: str, counts: list[int],
-                        after_step: Any, loader_done: Any = None, *, count: EvalCount) -> None:
+                        after_step: Any, loader_done: Any = None, *, count: EvalCount,
+                        before_batch_end: Any = None) -> None:
     """A step that reads its own batches (`validation_step(self, dataloader_iter)`): all loaders
     through one StepIterator, the step run while batches remain, the batch hooks given the batch
     fetched last (see trainer/loops/step_iterator.py). `after_step(output, dataloader_idx)`;
@@ -187,6 +192,8 @@ def _run_fetching_steps(trainer: Trainer, module: nn.Module, loaders: list[Any],
         output = _step(trainer, module, step_name, steps, batch_idx, ())
         batch, batch_idx, loader_idx = steps.last
         count.batch_done(False)  # whether it was the last shows once the loop peeks (not before the hooks)
+        if before_batch_end is not None:
+            before_batch_end(batch_idx, loader_idx)
         callbacks.call(f"on_{prefix}_batch_end", trainer, module, output, batch, batch_idx,
                        *((loader_idx,) if several else ()))
         count.end_hooks_done()
@@ -196,37 +203,39 @@ def _run_fetching_steps(trainer: Trainer, module: nn.Module, loaders: list[Any],
         loader_done(previous_loader)
 
 
-def run_predict(trainer: Trainer, module: nn.Module, loaders: list[Any]) -> Any:
-    """Predictions of this rank, per loader (a single loader gives a flat list)."""
+def run_predict(trainer: Trainer, module: nn.Module, loaders: list[Any], return_predictions: bool = True) -> Any:
+    """Predictions of this rank, per loader (a single loader gives a flat list); None when neither
+    `return_predictions` nor a prediction writer at epoch end needs them kept."""
     trainer.state.stage = "predict"
     counts = [num_batches(trainer, loader, "predict") for loader in loaders]
     trainer.num_predict_batches = [float("inf") if count < 0 else count for count in counts]
     check_eval_signatures(module, "predict", len(loaders))
-    for loader in loaders:
+    run = PredictionRun.start(loaders, trainer.callback_list.callbacks, return_predictions)
+    trainer.prediction_run = run
+    for loader in run.loaders:
         set_sampler_epoch(loader, trainer.current_epoch)
     trainer.metric_store.clear_views()
     with _eval_context(trainer):
-        return _predict_loaders(trainer, module, loaders)
+        return _predict_loaders(trainer, module, run)
 
 
-def _predict_loaders(trainer: Trainer, module: nn.Module, loaders: list[Any]) -> Any:
+def _predict_loaders(trainer: Trainer, module: nn.Module, prediction: PredictionRun) -> Any:
     callbacks = trainer.callback_list
     modes = _capture_modes(module)
     callbacks.call_module("on_predict_model_eval", module)
     callbacks.call("on_predict_start", trainer, module)
     callbacks.call("on_predict_epoch_start", trainer, module)
-    results: list[list[Any]] = [[] for _ in loaders]
-    counts = [num_batches(trainer, loader, "predict") for loader in loaders]
+    counts = [num_batches(trainer, loader, "predict") for loader in prediction.loaders]
     count = trainer.loop_state.eval_count("predict", in_fit=False)
     count.start_run()
     run = _run_fetching_steps if takes_dataloader_iter(module.predict_step) else _run_batches
-    run(trainer, module, loaders, "predict", counts, lambda output, loader_idx: results[loader_idx].append(output),
-        count=count)
+    run(trainer, module, prediction.loaders, "predict", counts, prediction.add, count=count,
+        before_batch_end=prediction.batch_done)
     trainer.metric_store.dataloader_idx = None
     callbacks.call("on_predict_epoch_end", trainer, module)
     callbacks.call("on_predict_end", trainer, module)
     _set_modes(module, modes)
-    return results[0] if len(results) == 1 else results
+    return prediction.results() if prediction.keep_predictions else None
 
 
 def print_results(stage: str, results: list[dict[str, float]]) -> None:
