@@ -86,6 +86,16 @@ class LightningModule(nn.Module):
     def hparams(self) -> AttributeDict:
         return self._hparams
 
+    @property
+    def strict_loading(self) -> bool:
+        """Whether resuming from a checkpoint requires its state dict to match the module's keys
+        exactly (Lightning's; set False for a module that saves only part of its state)."""
+        return self.__dict__.get("_strict_loading") in (None, True)
+
+    @strict_loading.setter
+    def strict_loading(self, strict: bool | None) -> None:
+        self.__dict__["_strict_loading"] = strict
+
     def save_hyperparameters(self, *args: Any, ignore: list[str] | str | None = None, logger: bool = True) -> None:
         """Record the caller's `__init__` arguments (or the named ones) in `self.hparams`,
         so checkpoints can rebuild the module with `load_from_checkpoint`."""

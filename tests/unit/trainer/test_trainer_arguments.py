@@ -146,3 +146,52 @@ def test_a_fraction_of_an_epoch_needs_epochs_to_validate_by_as_in_lightning(tmp_
         found[name] = list(validated_at)
     assert found["ours"] == found["lightning"]
     assert (found["ours"] == "refused") == (isinstance(interval, float) and every_n_epochs is None)
+
+
+@pytest.mark.parametrize("package", ["lightning", "ours"])
+def test_small_arguments_read_as_in_lightning(package: str) -> None:
+    """fast_dev_run=1 reads True; a "~" in default_root_dir is expanded; init_module builds on the
+    run's device in its dtype ("64-true": float64)."""
+    import pytorch_lightning as pl
+    from pytorch_lightning.demos.boring_classes import BoringModel
+
+    trainer_class = pl.Trainer if package == "lightning" else Trainer
+    assert trainer_class(fast_dev_run=1).fast_dev_run is True and trainer_class(fast_dev_run=3).fast_dev_run == 3
+    assert trainer_class(default_root_dir="~/runs").default_root_dir == str(Path.home() / "runs")
+    trainer = trainer_class(accelerator="cpu", devices=1, precision="64-true")
+    with trainer.init_module():
+        model = BoringModel()
+    assert model.layer.weight.dtype == torch.float64 and model.device == torch.device("cpu")
+    assert torch.get_default_dtype() == torch.float32
+
+
+def test_init_module_refuses_empty_init_rather_than_ignoring_it() -> None:
+    with pytest.raises(ValueError, match="empty_init=True"), Trainer(accelerator="cpu").init_module(empty_init=True):
+        pass
+
+
+@pytest.mark.parametrize("package", ["lightning", "ours"])
+def test_strict_loading_false_resumes_a_partial_checkpoint(tmp_path: Path, package: str) -> None:
+    """A module that saves only part of its state (here: not its frozen `extra` layer) resumes from
+    that checkpoint when it sets `strict_loading = False`, as in Lightning."""
+    import pytorch_lightning as pl
+    from pytorch_lightning.demos.boring_classes import BoringModel
+
+    class Partial(BoringModel):
+        def __init__(self) -> None:
+            super().__init__()
+            self.extra = torch.nn.Linear(2, 2)
+            self.strict_loading = False
+
+        def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+            checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if not k.startswith("extra")}
+
+    trainer_class = pl.Trainer if package == "lightning" else Trainer
+    options = dict(default_root_dir=tmp_path, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                   enable_model_summary=False, limit_val_batches=0)
+    first = trainer_class(max_steps=2, **options)
+    first.fit(Partial())
+    first.save_checkpoint(tmp_path / "partial.ckpt")
+    resumed = trainer_class(max_steps=4, **options)
+    resumed.fit(Partial(), ckpt_path=str(tmp_path / "partial.ckpt"))
+    assert resumed.global_step == 4
