@@ -37,14 +37,25 @@ def num_batches(trainer: Trainer, loader: Any, stage: str) -> int:
     limit = getattr(trainer, _LIMIT_ATTR[stage])
     try:
         available = len(loader)
-    except TypeError:  # an iterable dataset: only an int limit can bound it
-        return int(limit) if isinstance(limit, int) else -1
+    except (TypeError, NotImplementedError):  # no length (an iterable dataset): an int limit bounds it
+        return _unsized_limit(limit, stage)
     if isinstance(limit, float):
         limited = int(available * limit)
         # Evaluation shards may differ by a batch: never let a fraction round one rank down to
         # no batch at all, or it would skip the stage (and its epoch-end sync) alone.
         return max(limited, 1) if stage in _EVAL_STAGES and limit > 0 and available > 0 else limited
     return min(available, int(limit))
+
+
+def _unsized_limit(limit: int | float, stage: str) -> int:
+    """-1 (until the loader ends) or a batch count; a fraction of a loader without a length means nothing."""
+    if isinstance(limit, int):
+        return limit
+    if limit in (0.0, 1.0):
+        return 0 if limit == 0.0 else -1
+    raise ValueError(f"{_LIMIT_ATTR[stage]}={limit} is a fraction of the batches, but the {stage} dataloader has no "
+                     "length (an IterableDataset, or __len__ not implemented): use 1.0 (all of it), 0.0 (none) or an "
+                     "int number of batches.")
 
 
 def iterate_limited(trainer: Trainer, loader: Any, stage: str, skip: int = 0,
