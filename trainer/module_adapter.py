@@ -8,6 +8,7 @@ module pickles and behaves as before). Our own `LightningModule` needs none of t
 
 from __future__ import annotations
 
+import sys
 import types
 from collections.abc import Callable
 from typing import Any, TYPE_CHECKING
@@ -19,6 +20,8 @@ from trainer.module import LightningModule
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
+
+_LIGHTNING_RANK_MODULE = "lightning_utilities.core.rank_zero"  # shared by both Lightning packages
 
 # Methods of Lightning's module that reach into its trainer's internals; ours replace them.
 # (Its `manual_backward` needs no replacement: it calls `trainer.strategy.backward(loss, None, ...)`,
@@ -87,3 +90,14 @@ def set_current_hook(module: nn.Module, fx: str | None) -> str | None:
 
 def automatic_optimization(module: nn.Module) -> bool:
     return bool(getattr(module, "automatic_optimization", True))
+
+
+def align_lightning_rank(rank: int) -> None:
+    """Lightning's own objects (its loggers' `experiment`, `rank_zero_only` functions, its callbacks'
+    messages) ask a module-level rank whether they run on rank 0; Lightning reads it from the
+    environment once, at import, which in a worker can happen before the rank is known. Set it to
+    this process's rank whenever a Lightning package is loaded (nothing is imported here)."""
+    module = sys.modules.get(_LIGHTNING_RANK_MODULE)
+    if module is not None:
+        module.rank_zero_only.rank = rank  # type: ignore[attr-defined]
+

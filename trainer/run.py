@@ -26,7 +26,7 @@ from trainer.loops.evaluation import has_step, print_results, run_evaluation, ru
 from trainer.loops.fit_loop import run_fit
 from trainer.loops.preemption import default_resume_candidates, discard_if_consumed, preemption_checkpoint_path
 from trainer.loops.training_step import backward
-from trainer.module_adapter import attach, automatic_optimization, check_module, detach
+from trainer.module_adapter import align_lightning_rank, attach, automatic_optimization, check_module, detach
 from trainer.optimizers import ManualOptimizer, NoOptimizer, check_schedulers, init_optimizers
 from trainer.seed import SEED_ENV, seed_everything
 from trainer.stage_result import StageResult
@@ -46,6 +46,7 @@ def run_stage(trainer: Trainer, stage: str, model: nn.Module, data: dict[str, An
         _reseed_worker()
         apply_backend_flags(trainer.deterministic, trainer.benchmark)
     trainer.lightning_module, trainer.datamodule = model, data.get("datamodule")
+    align_lightning_rank(trainer.global_rank)
     trainer.state.fn, trainer.state.stage = stage, _RUNNING_STAGE[stage]
     trainer.data.reset({"train": data.get("train_dataloaders"), "validate": data.get("val_dataloaders")}
                        if stage == "fit" else {_DATA_STAGE[stage]: data.get("dataloaders")})
