@@ -19,6 +19,7 @@ from torch import nn
 
 from strategies import Strategy, resolve_strategy
 from strategies.checkpoint_io import CheckpointError
+from strategies.rank_zero import rank_zero_warn
 from trainer.callbacks.dispatch import (CallbackList, adopt_callback, checkpoints_last, is_checkpoint,
                                        is_early_stopping, is_model_summary, is_progress_bar)
 from trainer.checkpointing import build_checkpoint
@@ -227,8 +228,7 @@ class Trainer:
         _check_weights_only(weights_only)
         datamodule = _split_datamodule(dataloaders, datamodule)
         dataloaders = None if datamodule is dataloaders else dataloaders
-        if model is None and ckpt_path is None and self._fitted and self._best_checkpoint_known():
-            ckpt_path = "best"
+        ckpt_path = self._default_ckpt_path("predict", model, ckpt_path)
         output = self._launch("predict", model, dict(dataloaders=dataloaders, datamodule=datamodule,
                                                      ckpt_path=ckpt_path, return_predictions=return_predictions))
         return output if return_predictions is not False else None
@@ -237,8 +237,7 @@ class Trainer:
                         verbose: bool, datamodule: Any) -> list[dict[str, float]]:
         datamodule = _split_datamodule(dataloaders, datamodule)
         dataloaders = None if datamodule is dataloaders else dataloaders
-        if model is None and ckpt_path is None and self._fitted and self._best_checkpoint_known():
-            ckpt_path = "best"  # Lightning: after fit, evaluating without a model uses the best checkpoint
+        ckpt_path = self._default_ckpt_path(stage, model, ckpt_path)
         return self._launch(stage, model, dict(dataloaders=dataloaders, datamodule=datamodule, ckpt_path=ckpt_path,
                                                verbose=verbose))
 
@@ -275,8 +274,16 @@ class Trainer:
             raise SystemExit(1)
         return result.output
 
-    def _best_checkpoint_known(self) -> bool:
-        return bool(getattr(self.checkpoint_callback, "best_model_path", None))
+    def _default_ckpt_path(self, stage: str, model: nn.Module | None, ckpt_path: str | None) -> str | None:
+        """Lightning's rule: after a fit, evaluating without a model and without `ckpt_path` uses the
+        best checkpoint of that fit; say so, since the weights are not the ones the fit ended with."""
+        best = getattr(self.checkpoint_callback, "best_model_path", None)
+        if model is not None or ckpt_path is not None or not self._fitted or not best:
+            return ckpt_path
+        rank_zero_warn(f"{stage}() was called without a model after fit(): it uses the best checkpoint of that fit "
+                       f"({best}), not the weights the fit ended with. Pass ckpt_path='best', 'last', a file, or the "
+                       "model itself to choose (and silence this).")
+        return "best"
 
     def _absorb(self, result: StageResult, model: nn.Module) -> None:
         """Apply rank 0's outcome to this (launching) process."""

@@ -110,3 +110,22 @@ def test_fit_loop_restarting_matches_lightning(tmp_path: Path) -> None:
     theirs, ours = _restarting_trace(pl.Trainer, tmp_path / "lightning"), _restarting_trace(Trainer, tmp_path / "ours")
     assert ours == theirs
     assert ("epoch_end", 1, True) in ours["inside_epoch"] and ("epoch_start", 2, False) in ours["inside_epoch"]
+
+
+@pytest.mark.parametrize("stage", ["validate", "test", "predict"])
+def test_evaluating_without_a_model_after_fit_uses_the_best_checkpoint_and_says_so(
+        trainer_class: Any, tmp_path: Path, stage: str) -> None:
+    """Lightning's rule (and a warning, in each framework's words): after fit, `test()` with neither a
+    model nor ckpt_path loads the best checkpoint of that fit; with the model, its own weights."""
+    from pytorch_lightning.demos.boring_classes import BoringModel
+
+    trainer = trainer_class(default_root_dir=tmp_path, accelerator="cpu", devices=1, logger=False,
+                            enable_progress_bar=False, enable_model_summary=False, max_epochs=2, limit_train_batches=2,
+                            limit_val_batches=1, limit_test_batches=1, limit_predict_batches=1)
+    model = BoringModel()
+    trainer.fit(model)
+    with pytest.warns(UserWarning, match="best"):
+        getattr(trainer, stage)()
+    assert trainer.ckpt_path == trainer.checkpoint_callback.best_model_path
+    getattr(trainer, stage)(model)
+    assert trainer.ckpt_path is None
