@@ -302,20 +302,16 @@ def _build_to_check(strategy: DictConfig) -> None:
         raise constructor_error("strategy", error.__cause__) from error.__cause__
 
 
-def _check_int(node: DictConfig, key: str, minimum: int, maximum: int | None = None, prefix: str = "",
-               optional: bool = False) -> None:
+def _check_int(node: DictConfig, key: str, minimum: int, maximum: int) -> None:
     value = OmegaConf.select(node, key)
-    if value is None and optional:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (maximum and value > maximum):
-        bound = f">= {minimum}" + (f" and <= {maximum}" if maximum else "")
-        raise ConfigError(prefix + key, value, f"must be an int {bound}" + (" or null" if optional else ""))
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise ConfigError(key, value, f"must be an int >= {minimum} and <= {maximum}")
 
 
-def _check_one_of(node: DictConfig, key: str, allowed: tuple[Any, ...], prefix: str = "") -> None:
+def _check_one_of(node: DictConfig, key: str, allowed: tuple[Any, ...]) -> None:
     value = OmegaConf.select(node, key)
     if value not in allowed:
-        raise ConfigError(prefix + key, value, f"is not one of {list(allowed)}")
+        raise ConfigError(key, value, f"is not one of {list(allowed)}")
 
 
 def _has_target(node: Any) -> bool:

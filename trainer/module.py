@@ -38,6 +38,7 @@ class LightningModule(nn.Module):
         self._current_fx_name: str | None = None
         self._hparams: AttributeDict = AttributeDict()
         self._hparams_name: str | None = None  # "kwargs", or the __init__ argument that held them (checkpoints)
+        self._strict_loading: bool | None = None  # None: strict (Lightning's default)
         self.automatic_optimization: bool = True
         self.example_input_array: Any = None
 
@@ -90,11 +91,11 @@ class LightningModule(nn.Module):
     def strict_loading(self) -> bool:
         """Whether resuming from a checkpoint requires its state dict to match the module's keys
         exactly (Lightning's; set False for a module that saves only part of its state)."""
-        return self.__dict__.get("_strict_loading") in (None, True)
+        return self._strict_loading in (None, True)
 
     @strict_loading.setter
     def strict_loading(self, strict: bool | None) -> None:
-        self.__dict__["_strict_loading"] = strict
+        self._strict_loading = strict
 
     def save_hyperparameters(self, *args: Any, ignore: list[str] | str | None = None, logger: bool = True) -> None:
         """Record the caller's `__init__` arguments (or the named ones) in `self.hparams`,

@@ -100,4 +100,3 @@ def align_lightning_rank(rank: int) -> None:
     module = sys.modules.get(_LIGHTNING_RANK_MODULE)
     if module is not None:
         module.rank_zero_only.rank = rank  # type: ignore[attr-defined]
-

@@ -38,8 +38,13 @@ class Precision:
     def autocast_dtype(self) -> torch.dtype | None:
         return {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}.get(self.name)
 
+    @property
+    def module_dtype(self) -> torch.dtype | None:
+        """The dtype the module's floating-point parameters train in (None: as they were created)."""
+        return torch.float64 if self.name == "64-true" else None
+
     def convert_module(self, module: nn.Module) -> nn.Module:
-        return module.double() if self.name == "64-true" else module
+        return module if self.module_dtype is None else module.to(self.module_dtype)
 
     def convert_input(self, batch: Any) -> Any:
         """64-true feeds float64 to a float64 model; other precisions leave inputs alone."""

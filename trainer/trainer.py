@@ -344,7 +344,7 @@ class Trainer:
         if empty_init:
             raise ValueError("Trainer.init_module(empty_init=True) is not supported: parameters are always "
                              "initialised; pass empty_init=None or False.")
-        dtype = torch.float64 if self.precision == "64-true" else None
+        dtype = self.precision_plugin.module_dtype
         previous = torch.get_default_dtype()
         with self.strategy.root_device:
             if dtype is not None:

@@ -117,8 +117,9 @@ def _ensure_val_loaders(trainer: Trainer, module: nn.Module) -> None:
     again at a due validation once `reload_dataloaders_every_n_epochs` epochs have passed since the
     last request; so with validation every few epochs they reload on their own schedule."""
     state, every = trainer.loop_state, trainer.reload_dataloaders_every_n_epochs
-    if "validate" in trainer.data.loaders and not (
-            every and (state.val_loader_epoch is None or trainer.current_epoch - state.val_loader_epoch >= every)):
+    last = state.val_loader_epoch
+    reload_due = bool(every) and (last is None or trainer.current_epoch - last >= every)
+    if "validate" in trainer.data.loaders and not reload_due:
         return
     trainer.data.loaders.pop("validate", None)
     _request_val_loaders(trainer, module)

@@ -69,19 +69,18 @@ class PredictionRun:
         writers = [callback for callback in callbacks if is_prediction_writer(callback)]
         on_batch = any(writer.interval.on_batch for writer in writers)
         on_epoch = any(writer.interval.on_epoch for writer in writers)
-        run = cls(loaders=list(loaders), keep_predictions=return_predictions or on_epoch, on_batch=on_batch,
-                  on_epoch=on_epoch, predictions=[[] for _ in loaders], epoch_batch_indices=[[] for _ in loaders])
-        run.recorders = [None] * len(loaders)
-        if writers:
-            for index, loader in enumerate(loaders):
-                if isinstance(loader, DataLoader) and loader.batch_sampler is not None:
-                    recorder = IndexRecordingBatchSampler(loader.batch_sampler)
-                    run.loaders[index], run.recorders[index] = rebuild_with_batch_sampler(loader, recorder), recorder
-        return run
+        recorders = [IndexRecordingBatchSampler(loader.batch_sampler)
+                     if writers and isinstance(loader, DataLoader) and loader.batch_sampler is not None else None
+                     for loader in loaders]
+        recording = [loader if recorder is None else rebuild_with_batch_sampler(loader, recorder)
+                     for loader, recorder in zip(loaders, recorders)]
+        return cls(loaders=recording, keep_predictions=return_predictions or on_epoch, recorders=recorders,
+                   on_batch=on_batch, on_epoch=on_epoch, predictions=[[] for _ in loaders],
+                   epoch_batch_indices=[[] for _ in loaders])
 
     def batch_done(self, batch_idx: int, loader_idx: int) -> None:
         """Before the batch's end hooks: the indices writers read for it."""
-        recorder = self.recorders[loader_idx] if loader_idx < len(self.recorders) else None
+        recorder = self.recorders[loader_idx]
         if recorder is None or batch_idx >= len(recorder.seen):
             return
         indices = recorder.seen[batch_idx]
