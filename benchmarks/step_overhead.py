@@ -34,6 +34,7 @@ import cProfile
 import functools
 import io
 import pstats
+import socket
 import statistics
 import sys
 import tempfile
@@ -43,7 +44,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
 from benchmarks.workloads import WORKLOADS, loss_fn
@@ -122,6 +125,7 @@ def _quiet() -> Iterator[None]:
 def run_ours(case: Case, compile_: bool, steps: int, warmup: int, profiler: cProfile.Profile | None = None,
              **trainer_args: Any) -> float:
     """Seconds per step of our Trainer's fit, steps `warmup`..`steps - 1`."""
+    _fresh_compiles(compile_)
     module = TinyModule(case, warmup, profiler)
     with tempfile.TemporaryDirectory() as root, _quiet():
         trainer = Trainer(accelerator="cpu", devices=1, max_epochs=1, default_root_dir=root,
@@ -130,12 +134,23 @@ def run_ours(case: Case, compile_: bool, steps: int, warmup: int, profiler: cPro
     return _per_step(module.stamps, warmup)
 
 
-def run_raw(case: Case, compile_: bool, steps: int, warmup: int) -> float:
-    """Seconds per step of the hand-written loop doing the same work."""
+def run_raw(case: Case, compile_: bool, steps: int, warmup: int, torch_ddp: bool = False) -> float:
+    """Seconds per step of the hand-written loop doing the same work; with `torch_ddp`, the model is
+    wrapped in torch's DistributedDataParallel on a one-process gloo group (compiled the way torch
+    recommends: the DDP module, so dynamo splits the graph at DDP's buckets)."""
+    _fresh_compiles(compile_)
     model, stamps = case.model(), []
     optimizer = case.optimizer(model.parameters())
     model.train()
-    step_model = torch.compile(model) if compile_ else model
+    with _one_process_group() if torch_ddp else contextlib.nullcontext():
+        step_model: nn.Module = DistributedDataParallel(model) if torch_ddp else model
+        step_model = torch.compile(step_model) if compile_ else step_model
+        _raw_loop(case, step_model, optimizer, steps, stamps)
+    return _per_step(stamps, warmup)
+
+
+def _raw_loop(case: Case, step_model: nn.Module, optimizer: torch.optim.Optimizer, steps: int,
+              stamps: list[float]) -> None:
     for batch_idx, batch in enumerate(case.loader(steps)):
         stamps.append(time.perf_counter())
         optimizer.zero_grad()
@@ -144,7 +159,26 @@ def run_raw(case: Case, compile_: bool, steps: int, warmup: int) -> float:
         optimizer.step()
         if (batch_idx + 1) % LOG_EVERY == 0:
             loss.item()
-    return _per_step(stamps, warmup)
+
+
+def _fresh_compiles(compile_: bool) -> None:
+    """Every run compiles its own code: graphs cached by an earlier run (or dynamo's recompile limit,
+    reached after a few runs, which silently falls back to eager) never leak into a figure."""
+    if compile_:
+        torch._dynamo.reset()
+
+
+@contextlib.contextmanager
+def _one_process_group() -> Iterator[None]:
+    """A gloo group of this process alone, gone afterwards (our Trainer's runs start their own)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 def _per_step(stamps: list[float], warmup: int) -> float:
@@ -171,10 +205,10 @@ def measure(runners: dict[str, Callable[[], float]], rounds: int) -> dict[str, l
     return times
 
 
-def profile_ours(case: Case, compile_: bool, steps: int, warmup: int, top: int) -> str:
+def profile_ours(case: Case, compile_: bool, steps: int, warmup: int, top: int, **trainer_args: Any) -> str:
     """cProfile of our steady-state steps (from the warm-up's end to the end of the fit's training)."""
     profiler = cProfile.Profile()
-    run_ours(case, compile_, steps, warmup, profiler)
+    run_ours(case, compile_, steps, warmup, profiler, **trainer_args)
     out = io.StringIO()
     stats = pstats.Stats(profiler, stream=out)
     stats.sort_stats("tottime").print_stats(top)
@@ -188,6 +222,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--compile", action="store_true", help="torch.compile the model on both sides (inductor)")
     parser.add_argument("--variant", type=parse_variant, action="append", default=[], metavar="KEY=VALUE",
                         help="also run ours with this Trainer argument (repeatable)")
+    parser.add_argument("--set", type=parse_variant, action="append", default=[], metavar="KEY=VALUE",
+                        help="a Trainer argument for every run of ours, variants included (repeatable)")
+    parser.add_argument("--torch-ddp", action="store_true",
+                        help="also run the plain loop with the model in torch DDP (one process)")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--warmup", type=int, default=50)
@@ -195,26 +233,30 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     case = CASES[args.model]
+    base = dict(args.set)
     runners: dict[str, Callable[[], float]] = {
         "raw": lambda: run_raw(case, args.compile, args.steps, args.warmup),
-        "ours": lambda: run_ours(case, args.compile, args.steps, args.warmup),
+        "ours": lambda: run_ours(case, args.compile, args.steps, args.warmup, **base),
     }
+    if args.torch_ddp:
+        runners["raw torch DDP"] = functools.partial(run_raw, case, args.compile, args.steps, args.warmup, True)
     for key, value in args.variant:
         runners[f"ours {key}={value!r}"] = functools.partial(run_ours, case, args.compile, args.steps, args.warmup,
-                                                             **{key: value})
-    run_ours(case, args.compile, args.warmup + 10, args.warmup)  # first-use costs (imports, compiles) in no figure
-    run_raw(case, args.compile, args.warmup + 10, args.warmup)
+                                                             **{**base, key: value})
+    run_ours(case, args.compile, args.warmup + 10, args.warmup, **base)  # first-use costs (imports, compiles) in no figure
+    run_raw(case, args.compile, args.warmup + 10, args.warmup, args.torch_ddp)
     times = measure(runners, args.rounds)
     raw = statistics.median(times["raw"])
-    print(f"model {args.model}{', compiled' if args.compile else ''}; {args.rounds} rounds of {args.steps} steps")
+    print(f"model {args.model}{', compiled' if args.compile else ''}; ours with {base or 'defaults'}; "
+          f"{args.rounds} rounds of {args.steps} steps")
     for name, values in times.items():
         median = statistics.median(values)
-        paired = [value / base for value, base in zip(values, times["raw"])]
+        paired = [value / raw_value for value, raw_value in zip(values, times["raw"])]
         print(f"{name:>28}: median {median * 1e3:.3f} ms/step (min {min(values) * 1e3:.3f}, max "
               f"{max(values) * 1e3:.3f}); / raw {median / raw:.2f}x (paired {min(paired):.2f}-{max(paired):.2f}); "
               f"overhead {(median - raw) * 1e3:.3f} ms/step")
     if args.profile:
-        sys.stdout.write(profile_ours(case, args.compile, args.steps * 3, args.warmup, args.profile))
+        sys.stdout.write(profile_ours(case, args.compile, args.steps * 3, args.warmup, args.profile, **base))
 
 
 if __name__ == "__main__":

@@ -206,6 +206,13 @@ class Strategy(abc.ABC):
         """Skip gradient synchronisation for backward passes inside (gradient accumulation)."""
         yield
 
+    def gradient_buffers(self, grads: list[torch.Tensor]) -> list[torch.Tensor] | None:
+        """A few flat tensors that hold exactly `grads` (the optimizer's gradients) when the strategy
+        keeps them so, else None. A check that reads every gradient (the non-finite check) then reads
+        these: a model's many small gradients cost a kernel launch each (on the CPU, a kernel each),
+        which is what a fast compiled step notices."""
+        return None
+
     def unwrap(self, module: nn.Module) -> nn.Module:
         """The user's module, without anything the strategy put around it."""
         return module

@@ -163,6 +163,15 @@ class BucketLayout:
             for param_index, view in zip(indexes, bucket.views()):
                 self.bucket_of[param_index] = bucket_index
                 self.views[param_index] = view
+        self._slot_ids = frozenset(id(view) for view in self.views)  # the slots live as long as the layout
+
+    def buffers_holding(self, grads: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
+        """The flat buffers, when `grads` are exactly the slots (every one, each once), so that a check
+        reading every gradient can read a few large tensors instead; else None. Checked each call:
+        a user may have replaced a `.grad` since the reduction put the slot there."""
+        if len(grads) != len(self.views) or {id(grad) for grad in grads} != self._slot_ids:
+            return None
+        return [bucket.buffer() for bucket in self.buckets]
 
     def take_grads(self, params: Sequence[torch.Tensor]) -> None:
         """Make every existing `.grad` its slot, value kept: after a re-plan with

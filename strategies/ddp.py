@@ -317,6 +317,10 @@ class DDPStrategy(Strategy):
                 dist.barrier()
 
     @override
+    def gradient_buffers(self, grads: list[torch.Tensor]) -> list[torch.Tensor] | None:
+        return self._reducer.gradient_buffers(grads) if self._reducer is not None else None
+
+    @override
     def completed_gradient_syncs(self) -> int:
         return self._reducer.completed_syncs if self._reducer is not None else 0
 

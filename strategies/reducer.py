@@ -136,6 +136,14 @@ class GradReducer:
             **self._telemetry.summary(),
         }
 
+    def gradient_buffers(self, grads: list[torch.Tensor]) -> list[torch.Tensor] | None:
+        """The bucket buffers, when they hold exactly `grads` (see `BucketLayout.buffers_holding`): only
+        with `gradient_as_bucket_view` (else each `.grad` is a copy a user may change apart from its
+        slot) and between passes (during one, slots are half-reduced)."""
+        if not self._as_view or self._pass_active:
+            return None
+        return self._layout.buffers_holding(grads)
+
     @property
     def bucket_cap_mb(self) -> float:
         """The cap the current buckets were planned with (or, before the rebuild, will be)."""

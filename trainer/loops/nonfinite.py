@@ -10,7 +10,8 @@ still ran (their weights are NaN anyway).
 
 Each step costs one device op besides the gradient norm: the norm and the loss are written side by
 side into a row of a small device buffer (a few launches per step are what a compiled GPU step
-notices). The rows are one run of consecutive steps of one epoch, so row `i` is step `first + i`;
+notices). The norm itself reads the strategy's flat gradient buffers when it keeps them (our DDP's
+buckets: a few tensors instead of one per parameter); only its finiteness is used. The rows are one run of consecutive steps of one epoch, so row `i` is step `first + i`;
 the host folds them into the first bad (step, epoch, loss finite) record when the buffer is full,
 when the run breaks, and before it reads the record.
 
@@ -50,7 +51,7 @@ class NonFiniteWatch:
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         if not grads:
             return True
-        norm = total_norm(grads)
+        norm = total_norm(trainer.strategy.gradient_buffers(grads) or grads)
         if trainer.on_nonfinite == "skip":
             if bool(torch.isfinite(norm)):
                 return True

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from strategies.buckets import MIB, GradBucket, build_buckets, plan_buckets, plan_buckets_in_order, \
+from strategies.buckets import MIB, BucketLayout, GradBucket, build_buckets, plan_buckets, plan_buckets_in_order, \
     trainable_parameters
 
 KIB_FLOATS = 256  # float32 elements in one KiB
@@ -93,6 +93,17 @@ def test_bucket_views_alias_one_flat_buffer() -> None:
     assert bucket.view_for(bias).tolist() == [3, 3, 3]
     with pytest.raises(KeyError, match="not in bucket 7"):
         bucket.view_for(torch.zeros(3))
+
+
+def test_the_buffers_stand_for_the_gradients_only_when_these_are_exactly_the_slots() -> None:
+    params = _kib_params(1, 2, 1)
+    layout = BucketLayout(params, [[2, 1], [0]])
+    slots = list(layout.views)
+    buffers = layout.buffers_holding(list(reversed(slots)))  # any order
+    assert buffers is not None and [b.data_ptr() for b in buffers] == [b.buffer().data_ptr() for b in layout.buckets]
+    assert layout.buffers_holding(slots[:2]) is None  # a subset: the buffers hold more than asked about
+    assert layout.buffers_holding([slots[0], slots[0], slots[2]]) is None  # one twice, one missing
+    assert layout.buffers_holding([slots[0], slots[1].clone(), slots[2]]) is None  # a .grad replaced by a copy
 
 
 def test_bucket_rejects_mixed_or_empty_parameters() -> None:

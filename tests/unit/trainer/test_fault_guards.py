@@ -38,6 +38,33 @@ def test_nonfinite_gradients_can_be_skipped(tmp_path: Path) -> None:
     assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
 
 
+class NaNInOneGradient(TinyRegressor):
+    """Step 2's gradient of the first parameter gets a NaN after the reduction: written into the
+    gradient itself (with our DDP, a slice of a flat bucket) or put there as a new tensor."""
+
+    def __init__(self, replace: bool) -> None:
+        super().__init__()
+        self.replace = replace
+
+    def on_after_backward(self) -> None:
+        if self.global_step != 2:
+            return
+        param = next(self.parameters())
+        if self.replace:
+            param.grad = torch.full_like(param, float("nan"))
+        else:
+            param.grad.view(-1)[-1] = float("nan")
+
+
+@pytest.mark.parametrize("replace", [False, True], ids=["written-in-place", "replaced"])
+@pytest.mark.parametrize("strategy", ["ddp", "auto"])
+def test_a_single_nonfinite_gradient_is_found(tmp_path: Path, strategy: str, replace: bool) -> None:
+    """Our DDP checks its flat buckets instead of each gradient when they hold exactly the gradients;
+    a NaN in one element, or a gradient the user replaced (no longer in a bucket), is still found."""
+    with pytest.raises(FloatingPointError, match=r"step 2, epoch 0: .*every rank's loss was finite"):
+        _trainer(tmp_path, strategy=strategy, devices=1).fit(NaNInOneGradient(replace), datamodule=RegressionData())
+
+
 def test_divergence_guard_passes_on_one_process(tmp_path: Path) -> None:
     guard = DivergenceGuard(every_n_steps=2)
     _trainer(tmp_path, callbacks=[guard]).fit(TinyRegressor(), datamodule=RegressionData())
