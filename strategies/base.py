@@ -39,6 +39,31 @@ from strategies.hang_guard import LEDGER
 from strategies.preemption import PreemptionPolicy, PreemptionWatch, next_fit_key
 
 ReduceOp = Literal["mean", "sum", "max", "min"]
+_REDUCE_OP_NAMES = {"mean": "mean", "avg": "mean", "sum": "sum", "max": "max", "min": "min"}
+
+
+def resolve_reduce_op(reduce_op: Any) -> ReduceOp:
+    """Lightning's spellings of a reduction (`"mean"`/`"avg"`, `"sum"`, `"max"`, `"min"`, in any case,
+    or torch's `ReduceOp.SUM`/`AVG`/`MAX`/`MIN`) as one of ours."""
+    if isinstance(reduce_op, str) and reduce_op.lower() in _REDUCE_OP_NAMES:
+        return _REDUCE_OP_NAMES[reduce_op.lower()]  # type: ignore[return-value]
+    import torch.distributed as dist
+
+    if dist.is_available():
+        for name in ("sum", "avg", "max", "min"):
+            if reduce_op == getattr(dist.ReduceOp, name.upper()):
+                return _REDUCE_OP_NAMES[name]  # type: ignore[return-value]
+    raise ValueError(f"reduce_op={reduce_op!r} is not supported; use one of {sorted(_REDUCE_OP_NAMES)} "
+                     "(or torch.distributed.ReduceOp.SUM/AVG/MAX/MIN).")
+
+
+def check_group(group: Any) -> None:
+    """A collective's `group` (Lightning's argument): None for every rank, or a torch ProcessGroup. A
+    string there is the reduction passed in the group's place."""
+    if isinstance(group, str):
+        raise TypeError(f"group={group!r} is not a process group; pass the reduction by name, "
+                        f"reduce(tensor, reduce_op={group!r}) (the signature is Lightning's: reduce(tensor, "
+                        "group=None, reduce_op='mean')).")
 ACCELERATORS = ("cpu", "cuda", "gpu", "auto")
 
 
@@ -218,13 +243,25 @@ class Strategy(abc.ABC):
         return module
 
     # ------------------------------------------------------------------ collectives
-    def reduce(self, tensor: torch.Tensor, op: ReduceOp = "mean") -> torch.Tensor:
-        """Reduce a tensor over all ranks (returns a new tensor)."""
+    def reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
+        """Reduce a tensor over the ranks of `group` (default: all) into a new tensor, with Lightning's
+        signature and meaning; anything but a tensor comes back as it is."""
+        check_group(group)
+        resolve_reduce_op(reduce_op)
         return tensor
 
-    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Gather a tensor from all ranks into a new leading dimension of size world_size."""
-        return tensor.unsqueeze(0)
+    def all_gather(self, tensor: torch.Tensor, group: Any = None, sync_grads: bool = False) -> torch.Tensor:
+        """Every rank's `tensor`, stacked along a new leading rank dimension when processes are
+        distributed; on one process without a process group the tensor itself (Lightning's shapes).
+        `sync_grads=True` lets gradients flow back through the gather."""
+        check_group(group)
+        return tensor
+
+    def all_gather_ranks(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`all_gather` with the leading rank dimension always there (size 1 on one process without a
+        process group): for bookkeeping indexed by rank (per-rank RNG states, weight checksums)."""
+        gathered = self.all_gather(tensor)
+        return gathered if gathered.dim() == tensor.dim() + 1 else gathered.unsqueeze(0)
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         """Return rank `src`'s `obj` on every rank (any picklable object)."""
@@ -233,7 +270,7 @@ class Strategy(abc.ABC):
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:  # noqa: A002 (Lightning's name)
         """Agree on a flag across ranks: True if every rank says so (`all=True`) or any does. Lightning's
         own callbacks (EarlyStopping, ModelCheckpoint) call this on the strategy."""
-        flags = self.reduce(torch.tensor(int(bool(decision)), device=self.root_device), "sum")
+        flags = self.reduce(torch.tensor(int(bool(decision)), device=self.root_device), reduce_op="sum")
         count = int(flags.item())
         return count == self.world_size if all else count > 0
 

@@ -22,7 +22,7 @@ from typing_extensions import override
 
 from strategies import process_group
 from strategies.autotune import AUTO, CapTuning, reducer_summary
-from strategies.base import ReduceOp, Strategy, check_accelerator
+from strategies.base import Strategy, check_accelerator, check_group, resolve_reduce_op
 from strategies.checkpoint_io import CheckpointIO
 from strategies.hang_guard import LEDGER, HangGuard
 from strategies.environment import (ClusterEnvironment, check_launch_matches, detect_environment,
@@ -266,35 +266,44 @@ class DDPStrategy(Strategy):
 
     # ------------------------------------------------------------------ collectives
     @override
-    def reduce(self, tensor: torch.Tensor, op: ReduceOp = "mean") -> torch.Tensor:
-        if op not in _REDUCE_OPS:
-            raise ValueError(f"op={op!r} is not supported; expected one of {tuple(_REDUCE_OPS)}.")
+    def reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
+        check_group(group)
+        op = resolve_reduce_op(reduce_op)
+        if not isinstance(tensor, torch.Tensor):
+            return tensor
         if not dist.is_initialized():
             return tensor.clone()
         result = tensor.detach().clone().to(self.root_device)
         if op == "mean" and not (result.is_floating_point() or result.is_complex()):
             result = result.double()  # the mean of integers is not an integer
         with LEDGER.collective(f"all_reduce({op})", result):
-            dist.all_reduce(result, op=_REDUCE_OPS[op])
+            dist.all_reduce(result, op=_REDUCE_OPS[op], group=group)
         if op == "mean":
-            result /= dist.get_world_size()
+            result /= dist.get_world_size(group)
         return result.to(tensor.device)
 
     @override
-    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+    def all_gather(self, tensor: torch.Tensor, group: Any = None, sync_grads: bool = False) -> torch.Tensor:
+        check_group(group)
         if not dist.is_initialized():
-            return tensor.unsqueeze(0)
-        local = tensor.detach().contiguous().to(self.root_device)
-        shapes: list[Any] = [None] * dist.get_world_size()
-        with LEDGER.collective("all_gather(shapes)"):
-            dist.all_gather_object(shapes, tuple(local.shape))
+            return tensor
+        local = tensor.contiguous().to(self.root_device)
+        shapes: list[Any] = [None] * dist.get_world_size(group)
+        with LEDGER.collective("all_gather(shapes)"):  # a shape mismatch would corrupt or hang the gather
+            dist.all_gather_object(shapes, tuple(local.shape), group=group)
         if len(set(shapes)) > 1:
             raise ValueError(rank_prefixed_message(
                 f"all_gather needs the same shape on every rank, got {dict(enumerate(shapes))}; "
                 f"pad the tensors to a common shape first.", self.global_rank))
-        gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
         with LEDGER.collective("all_gather", local):
-            dist.all_gather(gathered, local)
+            if sync_grads:  # the autograd-aware gather: each rank's gradient flows back to its own input
+                from torch.distributed.nn.functional import all_gather as differentiable_all_gather
+
+                gathered = list(differentiable_all_gather(local, group=group or dist.group.WORLD))
+            else:
+                local = local.detach()
+                gathered = [torch.empty_like(local) for _ in shapes]
+                dist.all_gather(gathered, local, group=group)
         return torch.stack(gathered).to(tensor.device)
 
     @override

@@ -54,7 +54,7 @@ def build_checkpoint(trainer: Trainer, module: Any, weights_only: bool = False) 
         checkpoint["lr_schedulers"] = [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs]
         ours["metrics"] = trainer.metric_store.state_dict()
         ours["strategy"] = trainer.strategy.state_dict()  # e.g. the bucket cap "auto" settled on
-        ours["rng_states"] = _rng_as(torch.float64, gather_rng_states(trainer.strategy.all_gather,
+        ours["rng_states"] = _rng_as(torch.float64, gather_rng_states(trainer.strategy.all_gather_ranks,
                                                                       trainer.strategy.root_device.type))
         precision = trainer.precision_plugin.state_dict()
         if precision:

@@ -5,7 +5,8 @@ collection (`{"a": batch_a, "b": batch_b}`), Lightning's `max_size_cycle` defaul
 long as the longest loader and shorter ones start over. The other modes: `min_size` (stop with
 the shortest), `max_size` (run to the longest; an exhausted loader contributes `None`) and
 `sequential` (one loader after the other, each batch tagged with its loader's index; what
-evaluation does with several loaders). A Lightning `CombinedLoader` handed to our Trainer is read
+evaluation does with several loaders). Collections may nest (`{"a": [loader_1, loader_2]}`): every
+loader in them is a member, and batches come in the collection's shape. A Lightning `CombinedLoader` handed to our Trainer is read
 through its public `iterables` and becomes one of these.
 """
 
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from typing import Any
+
+from torch.utils._pytree import tree_flatten, tree_unflatten  # Lightning's reading of a collection, too
 
 MODES = ("max_size_cycle", "min_size", "max_size", "sequential")
 
@@ -29,7 +32,7 @@ class CombinedLoader:
             raise ValueError(f"CombinedLoader mode {mode!r} is not one of {list(MODES)}.")
         self.mode = mode
         self._iterables = iterables
-        self._keys, self._flattened = _flatten(iterables)
+        self._flattened, self._shape = tree_flatten(iterables)
 
     @property
     def iterables(self) -> Any:
@@ -47,7 +50,7 @@ class CombinedLoader:
             raise ValueError(f"CombinedLoader holds {len(self._flattened)} iterables; got {len(members)} to replace "
                              "them.")
         self._flattened = list(members)
-        self._iterables = _rebuild(self._iterables, self._keys, self._flattened)
+        self._iterables = tree_unflatten(self._flattened, self._shape)
 
     def lengths(self) -> list[int | float]:
         """Each member's number of batches (inf where it has no length)."""
@@ -92,7 +95,7 @@ class CombinedLoader:
                 batches.append(batch)
             if all(exhausted):  # the longest member has ended (max_size, max_size_cycle)
                 return
-            yield _rebuild(self._iterables, self._keys, batches)
+            yield tree_unflatten(batches, self._shape)
 
     def _next_of(self, index: int, iterator: Iterator[Any], was_exhausted: bool) -> tuple[Any, Iterator[Any], bool]:
         """The member's next batch; (batch, iterator, whether it has ended). `max_size_cycle` restarts
@@ -108,24 +111,6 @@ class CombinedLoader:
             batch = next(iterator, sentinel)
             return (None if batch is sentinel else batch), iterator, True
         return None, iterator, True
-
-
-def _flatten(iterables: Any) -> tuple[list[Any] | None, list[Any]]:
-    if isinstance(iterables, dict):
-        return list(iterables.keys()), list(iterables.values())
-    if isinstance(iterables, (list, tuple)):
-        return None, list(iterables)
-    return None, [iterables]
-
-
-def _rebuild(template: Any, keys: list[Any] | None, values: list[Any]) -> Any:
-    if isinstance(template, dict):
-        return dict(zip(keys or [], values))
-    if isinstance(template, tuple):
-        return tuple(values)
-    if isinstance(template, list):
-        return list(values)
-    return values[0]
 
 
 def _length(member: Iterable[Any]) -> int | float:

@@ -31,7 +31,7 @@ from trainer.log_rules import LoggingError, logging_levels
 _REDUCE_NAMES: dict[Any, str] = {"mean": "mean", "sum": "sum", "max": "max", "min": "min",
                                  torch.mean: "mean", torch.sum: "sum", torch.max: "max", torch.min: "min",
                                  max: "max", min: "min", sum: "sum"}
-Reducer = Callable[[torch.Tensor, Any], torch.Tensor]  # a strategy's reduce(tensor, op)
+Reducer = Callable[..., torch.Tensor]  # a strategy's reduce(tensor, reduce_op=...)
 _Request = tuple[str, torch.Tensor]  # (op: "sum" | "max" | "min", float64 scalar)
 
 
@@ -331,7 +331,7 @@ class MetricStore:
         if extremes:
             start = len(sums) + rank * len(extremes)
             buffer[start:start + len(extremes)] = torch.stack([value for _, value in extremes])
-        reduced = self._reduce(buffer, "sum").to(torch.float64)
+        reduced = self._reduce(buffer, reduce_op="sum").to(torch.float64)
         summed = iter(reduced[:len(sums)])
         rows = reduced[len(sums):].reshape(world, len(extremes))
         gathered = iter((rows[:, i].max() if op == "max" else rows[:, i].min()) for i, (op, _) in enumerate(extremes))
@@ -341,8 +341,8 @@ class MetricStore:
         """Fallback without rank information: sums in one all-reduce, max/min (min negated) in one."""
         sums = [value for op, value in requests if op == "sum"]
         signed = [value if op == "max" else -value for op, value in requests if op != "sum"]
-        summed = iter(self._reduce(torch.stack(sums), "sum") if sums else ())
-        maxed = iter(self._reduce(torch.stack(signed), "max"))
+        summed = iter(self._reduce(torch.stack(sums), reduce_op="sum") if sums else ())
+        maxed = iter(self._reduce(torch.stack(signed), reduce_op="max"))
         return [next(summed) if op == "sum" else (next(maxed) if op == "max" else -next(maxed)) for op, _ in requests]
 
     def epoch_keys(self, stage: str) -> list[str]:

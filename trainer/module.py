@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_map
 
 from strategies.rank_zero import rank_zero_warn
 from trainer.hparams import AttributeDict, collect_init_args, plain_hparams
@@ -270,6 +271,21 @@ class LightningModule(nn.Module):
 
     def untoggle_optimizer(self, optimizer: Any) -> None:
         untoggle_optimizer(self, optimizer)
+
+    def all_gather(self, data: Any, group: Any = None, sync_grads: bool = False) -> Any:
+        """Every rank's `data` (a tensor, a number, or a nested collection of them): each tensor stacked
+        along a new leading rank dimension (none on one process), as Lightning's. Every rank calls it,
+        with the same shapes."""
+        strategy = self.trainer.strategy
+
+        def gather(leaf: Any) -> Any:
+            if isinstance(leaf, (int, float)) and not isinstance(leaf, bool):
+                leaf = torch.tensor(leaf, device=self.device)
+            if not isinstance(leaf, torch.Tensor):
+                return leaf
+            return strategy.all_gather(leaf, group=group, sync_grads=sync_grads)
+
+        return tree_map(gather, data)
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         if self._trainer is None or self._trainer.is_global_zero:

@@ -104,11 +104,11 @@ def collectives(strategy: DDPStrategy) -> dict[str, Any]:
     value = torch.tensor([float(rank + 1), 10.0 * (rank + 1)])
     strategy.barrier("start")
     return {
-        "mean": strategy.reduce(value, "mean").tolist(),
-        "sum": strategy.reduce(value, "sum").tolist(),
-        "max": strategy.reduce(value, "max").tolist(),
-        "min": strategy.reduce(value, "min").tolist(),
-        "int_mean": strategy.reduce(torch.tensor(rank), "mean").item(),
+        "mean": strategy.reduce(value, reduce_op="mean").tolist(),
+        "sum": strategy.reduce(value, reduce_op="sum").tolist(),
+        "max": strategy.reduce(value, reduce_op="max").tolist(),
+        "min": strategy.reduce(value, reduce_op="min").tolist(),
+        "int_mean": strategy.reduce(torch.tensor(rank), reduce_op="mean").item(),
         "gather": strategy.all_gather(torch.tensor([rank, rank * 2])).tolist(),
         "broadcast": strategy.broadcast({"from": rank, "items": [rank] * 3}, src=1),
         "input_unchanged": value.tolist() == [float(rank + 1), 10.0 * (rank + 1)],

@@ -36,7 +36,7 @@ def matched_collectives(strategy: DDPStrategy) -> float:
     """A correct program: the debug fingerprints must let it through."""
     total = 0.0
     for step in range(5):
-        total += float(strategy.reduce(torch.full((2,), float(step + strategy.global_rank)), "sum").sum())
+        total += float(strategy.reduce(torch.full((2,), float(step + strategy.global_rank)), reduce_op="sum").sum())
         strategy.barrier("step")
     return total
 

@@ -51,7 +51,7 @@ class DivergenceGuard(Callback):
         # Sum and sum of squares: a permutation of values changes the second.
         local = torch.stack([torch.stack([p.detach().double().sum(), p.detach().double().square().sum()])
                              for p in params])
-        gathered = trainer.strategy.all_gather(local)  # (world_size, n_params, 2)
+        gathered = trainer.strategy.all_gather_ranks(local)  # (world_size, n_params, 2)
         self.checks += 1
         differs = (gathered != gathered[0]).any(dim=2)  # (world_size, n_params)
         if bool(differs.any()):

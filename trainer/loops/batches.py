@@ -129,7 +129,7 @@ def stop_together(strategy: Any, loader: Iterable[Any]) -> Iterator[Any]:
     while True:
         batch = next(iterator, _EXHAUSTED)
         have = torch.tensor([0 if batch is _EXHAUSTED else 1], dtype=torch.int32)
-        if int(strategy.reduce(have, "min").item()) == 0:
+        if int(strategy.reduce(have, reduce_op="min").item()) == 0:
             return
         yield batch
 

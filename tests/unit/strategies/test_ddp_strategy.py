@@ -112,7 +112,7 @@ def test_lifecycle_errors_say_what_to_call_first() -> None:
     with pytest.raises(RuntimeError, match="launch"):
         strategy.setup_module(nn.Linear(1, 1))
     with pytest.raises(ValueError, match="op="):
-        strategy.reduce(torch.ones(1), "prod")  # type: ignore[arg-type]
+        strategy.reduce(torch.ones(1), reduce_op="prod")  # type: ignore[arg-type]
 
 
 def test_multi_node_without_an_outside_launcher_fails_before_starting_anything() -> None:
@@ -137,7 +137,7 @@ def _train_one_step(strategy: DDPStrategy, value: float) -> dict[str, Any]:
     strategy.backward(module(torch.full((1, 2), value)).sum())
     assert module.weight.grad is not None
     return {"rank": strategy.global_rank, "world": strategy.world_size, "grad": module.weight.grad.tolist(),
-            "reduced": strategy.reduce(torch.tensor([value]), "mean").item(),
+            "reduced": strategy.reduce(torch.tensor([value]), reduce_op="mean").item(),
             "summary": strategy.summary()}
 
 

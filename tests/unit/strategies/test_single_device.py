@@ -52,8 +52,9 @@ def test_module_loader_gradients_and_collectives_pass_through() -> None:
         strategy.backward(module(torch.ones(1, 2)).sum())
     assert module.weight.grad is not None
     value = torch.tensor([1.0, 2.0])
-    assert torch.equal(strategy.reduce(value, "sum"), value)
-    assert strategy.all_gather(value).shape == (1, 2)
+    assert torch.equal(strategy.reduce(value, reduce_op="sum"), value)
+    assert strategy.all_gather(value).shape == (2,)  # as Lightning's single-device strategy: no rank dimension
+    assert strategy.all_gather_ranks(value).shape == (1, 2)
     assert strategy.broadcast({"a": 1}) == {"a": 1}
     strategy.barrier()
 

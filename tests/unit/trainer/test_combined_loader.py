@@ -65,10 +65,14 @@ def _train_loaders(kind: str) -> Any:
         return members
     if kind == "list":
         return list(members.values())
+    if kind.startswith("nested"):  # loaders inside lists inside a dict: every one is a member
+        nested = {"ab": list(members.values()), "c": _loader(200, 4, 2)}
+        return nested if kind == "nested" else LightningCombinedLoader(nested, kind.split("-")[1])
     return LightningCombinedLoader(members, kind)
 
 
-@pytest.mark.parametrize("kind", ["dict", "list", "max_size_cycle", "min_size", "max_size"])
+@pytest.mark.parametrize("kind", ["dict", "list", "max_size_cycle", "min_size", "max_size", "nested",
+                                  "nested-min_size", "nested-max_size"])
 def test_training_on_several_loaders_sees_lightnings_batches(tmp_path: Path, kind: str) -> None:
     runs = {}
     for name, trainer_class in (("lightning", pl.Trainer), ("ours", Trainer)):
@@ -95,7 +99,7 @@ def test_evaluating_a_combined_loader_matches_lightning(tmp_path: Path, mode: st
 
 
 def test_our_combined_loader_modes() -> None:
-    members = {"a": [0, 1, 2], "b": [3, 4]}
+    members = {"a": range(3), "b": range(3, 5)}  # (a list would be read as a collection, as Lightning does)
     assert list(CombinedLoader(members, "max_size_cycle")) == [{"a": 0, "b": 3}, {"a": 1, "b": 4}, {"a": 2, "b": 3}]
     assert list(CombinedLoader(members, "min_size")) == [{"a": 0, "b": 3}, {"a": 1, "b": 4}]
     assert list(CombinedLoader(members, "max_size")) == [{"a": 0, "b": 3}, {"a": 1, "b": 4}, {"a": 2, "b": None}]
@@ -104,6 +108,9 @@ def test_our_combined_loader_modes() -> None:
         == [3, 2, 3, 5]
     with pytest.raises(ValueError, match="mode 'zip'"):
         CombinedLoader(members, "zip")
+    nested = CombinedLoader({"a": [range(2), range(10, 13)], "b": range(20, 22)}, "max_size")
+    assert len(nested.flattened) == 3 and len(nested) == 3
+    assert list(nested) == [{"a": [0, 10], "b": 20}, {"a": [1, 11], "b": 21}, {"a": [None, 12], "b": None}]
 
 
 def test_sequential_training_is_refused_with_the_modes_to_use(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from trainer.logged_metrics import MetricStore
 
 
 def _store() -> MetricStore:
-    return MetricStore(lambda tensor, op: tensor)
+    return MetricStore(lambda tensor, reduce_op: tensor)
 
 
 def test_training_step_logs_per_step_by_default() -> None:
@@ -56,8 +56,8 @@ def test_reduce_fx(reduce_fx: object, expected: float) -> None:
 def test_sync_dist_reduces_sum_and_weight_in_one_collective() -> None:
     calls = []
 
-    def fake_reduce(tensor: torch.Tensor, op: str) -> torch.Tensor:
-        calls.append(op)
+    def fake_reduce(tensor: torch.Tensor, reduce_op: str) -> torch.Tensor:
+        calls.append(reduce_op)
         return tensor * 2  # two identical ranks
     store = MetricStore(fake_reduce)
     store.log("validation_step", "v", 3.0, sync_dist=True, batch_size=4)

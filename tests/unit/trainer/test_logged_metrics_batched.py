@@ -22,10 +22,10 @@ class FakeRanks:
         self.calls: list[tuple[str, int]] = []
         self.others: Callable[[torch.Tensor], list[torch.Tensor]] = lambda mine: [mine] * (world_size - 1)
 
-    def reduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
-        self.calls.append((op, tensor.numel()))
+    def reduce(self, tensor: torch.Tensor, reduce_op: str) -> torch.Tensor:
+        self.calls.append((reduce_op, tensor.numel()))
         stacked = torch.stack([tensor, *self.others(tensor)])
-        return {"sum": stacked.sum(0), "max": stacked.max(0).values, "min": stacked.min(0).values}[op]
+        return {"sum": stacked.sum(0), "max": stacked.max(0).values, "min": stacked.min(0).values}[reduce_op]
 
 
 def _store(ranks: FakeRanks, with_ranks: bool = True) -> MetricStore:
