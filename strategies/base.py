@@ -293,12 +293,12 @@ class Strategy(abc.ABC):
                 self.checkpoint_io.save(checkpoint, path)
         self.barrier("save_checkpoint")
 
-    def load_checkpoint(self, path: str | os.PathLike[str]) -> dict[str, Any]:
-        """Every rank reads the file itself (weights only; never executes pickled code), onto the
-        CPU: `load_state_dict` moves weights and optimizer state onto the parameters' devices, and
-        what else a checkpoint holds (RNG states, step counters, callbacks' best scores) belongs
-        on the CPU, as it would after a fresh start."""
-        return self.checkpoint_io.load(path, map_location="cpu")
+    def load_checkpoint(self, path: str | os.PathLike[str], weights_only: bool = True) -> dict[str, Any]:
+        """Every rank reads the file itself (weights only, which never executes pickled code, unless
+        the user trusts the file: `weights_only=False`), onto the CPU: `load_state_dict` moves weights
+        and optimizer state onto the parameters' devices, and what else a checkpoint holds (RNG
+        states, step counters, callbacks' best scores) belongs on the CPU, as after a fresh start."""
+        return self.checkpoint_io.load(path, map_location="cpu", weights_only=weights_only)
 
     def remove_checkpoint(self, path: str | os.PathLike[str]) -> None:
         if self.is_global_zero:

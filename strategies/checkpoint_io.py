@@ -25,7 +25,10 @@ class CheckpointIO(abc.ABC):
     def save(self, checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> None: ...
 
     @abc.abstractmethod
-    def load(self, path: str | os.PathLike[str], map_location: Any = None) -> dict[str, Any]: ...
+    def load(self, path: str | os.PathLike[str], map_location: Any = None,
+             weights_only: bool = True) -> dict[str, Any]:
+        """The checkpoint dict. `weights_only=False` means the caller trusts the file: any pickled
+        object is rebuilt, which runs whatever code the file names (torch.load's meaning)."""
 
     def remove(self, path: str | os.PathLike[str]) -> None:
         Path(path).unlink(missing_ok=True)
@@ -35,8 +38,8 @@ class TorchCheckpointIO(CheckpointIO):
     """`torch.save` to a temp file in the target directory, fsync, then `os.replace`.
 
     A reader therefore sees the old file or the new one, never half of one, even if the
-    writer is killed mid-save. Loading uses `weights_only=True` so a crafted pickle cannot
-    run code.
+    writer is killed mid-save. Loading uses `weights_only=True` unless the caller says it trusts
+    the file, so a crafted pickle cannot run code.
     """
 
     def save(self, checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> None:
@@ -65,16 +68,18 @@ class TorchCheckpointIO(CheckpointIO):
             _discard(tmp_name)
             raise
 
-    def load(self, path: str | os.PathLike[str], map_location: Any = None) -> dict[str, Any]:
+    def load(self, path: str | os.PathLike[str], map_location: Any = None,
+             weights_only: bool = True) -> dict[str, Any]:
         source = Path(path)
         if not source.is_file():
             raise CheckpointError(f"Checkpoint file {str(source)!r} does not exist.")
         try:
-            checkpoint = torch.load(source, map_location=map_location, weights_only=True)
+            checkpoint = torch.load(source, map_location=map_location, weights_only=weights_only)
         except pickle.UnpicklingError as error:
             raise CheckpointError(
                 f"Checkpoint {str(source)!r} holds objects that are not plain tensors/containers and "
-                f"was refused (loading never executes pickled code): {error}"
+                f"was refused (loading with weights_only=True never executes pickled code): {error}. If you "
+                "trust this file, pass weights_only=False (to fit/validate/test/predict or load_from_checkpoint)."
             ) from error
         except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError) as error:
             raise CheckpointError(

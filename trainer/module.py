@@ -117,12 +117,14 @@ class LightningModule(nn.Module):
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path: str, map_location: Any = None, strict: bool = True,
-                             **hparam_overrides: Any) -> LightningModule:
+                             weights_only: bool | None = None, **hparam_overrides: Any) -> LightningModule:
         """Rebuild the module from the hyperparameters and weights stored in a checkpoint; onto the
-        CPU unless `map_location` says otherwise, so a GPU run's checkpoint loads anywhere."""
+        CPU unless `map_location` says otherwise, so a GPU run's checkpoint loads anywhere.
+        `weights_only=False` trusts the file: any pickled object in it is rebuilt."""
         from strategies.checkpoint_io import TorchCheckpointIO
 
-        checkpoint = TorchCheckpointIO().load(checkpoint_path, map_location=map_location or "cpu")
+        checkpoint = TorchCheckpointIO().load(checkpoint_path, map_location=map_location or "cpu",
+                                              weights_only=weights_only is not False)
         saved, name = checkpoint.get("hyper_parameters", {}), checkpoint.get("hparams_name")
         if name not in (None, "kwargs") and name in inspect.signature(cls.__init__).parameters:
             module = cls(**{name: saved, **hparam_overrides})  # they came in as one object: passed back so

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from dataclasses import dataclass
 from typing import Any, TYPE_CHECKING
 
 import torch
@@ -140,31 +141,40 @@ def _run(trainer: Trainer, stage: str, model: nn.Module, data: dict[str, Any]) -
 
 
 def _run_entry(trainer: Trainer, module: nn.Module, stage: str, data: dict[str, Any]) -> Any:
-    ckpt_path = data.get("ckpt_path")
+    ckpt = CheckpointRequest(data.get("ckpt_path"), weights_only=data.get("weights_only") is not False)
     if stage == "fit":
-        return _fit(trainer, module, ckpt_path)
+        return _fit(trainer, module, ckpt)
     if stage == "predict":
-        trainer.ckpt_path = _restore_weights(trainer, module, ckpt_path)
+        trainer.ckpt_path = _restore_weights(trainer, module, ckpt)
         _log_hyperparams(trainer, module)
         module.zero_grad()
         loaders = trainer.data.request(trainer, "predict") if trainer.limit_predict_batches != 0 else []
         output = run_predict(trainer, module, loaders, return_predictions=data.get("return_predictions") is not False)
         _finalize_loggers(trainer, "success")
         return output
-    return _evaluate(trainer, module, stage, ckpt_path, data.get("verbose", True))
+    return _evaluate(trainer, module, stage, ckpt, data.get("verbose", True))
 
 
-def _fit(trainer: Trainer, module: nn.Module, ckpt_path: str | None) -> None:
+@dataclass(frozen=True)
+class CheckpointRequest:
+    """The checkpoint a stage was asked to start from (`ckpt_path`: a file, "last", "best" or None) and
+    whether its file may only hold weights and plain values (`weights_only=False`: the user trusts it)."""
+
+    path: str | None
+    weights_only: bool = True
+
+
+def _fit(trainer: Trainer, module: nn.Module, ckpt: CheckpointRequest) -> None:
     """The fit stage; a preemption notice from here on stops it at a step boundary with a checkpoint. The
     watch stays on the trainer after the fit (its signals no longer caught), so hooks that run as the fit
     ends, `on_exception` included, and the user afterwards read `received_sigterm` as in Lightning."""
     with trainer.strategy.preemption_watch() as watch:
         trainer.preemption_watch = watch
-        _fit_watched(trainer, module, ckpt_path)
+        _fit_watched(trainer, module, ckpt)
 
 
-def _fit_watched(trainer: Trainer, module: nn.Module, ckpt_path: str | None) -> None:
-    checkpoint, path = _load_for_fit(trainer, module, ckpt_path)
+def _fit_watched(trainer: Trainer, module: nn.Module, ckpt: CheckpointRequest) -> None:
+    checkpoint, path = _load_for_fit(trainer, module, ckpt)
     trainer.ckpt_path = path
     if checkpoint is not None and path is not None:
         checkpointing.restore_module(trainer.strategy.unwrap(module), checkpoint, path)
@@ -183,12 +193,12 @@ def _fit_watched(trainer: Trainer, module: nn.Module, ckpt_path: str | None) -> 
     _finalize_loggers(trainer, "success")
 
 
-def _evaluate(trainer: Trainer, module: nn.Module, stage: str, ckpt_path: str | None,
+def _evaluate(trainer: Trainer, module: nn.Module, stage: str, ckpt: CheckpointRequest,
               verbose: bool) -> list[dict[str, float]]:
     if not has_step(module, stage):
         step = "validation_step" if stage == "validate" else "test_step"
         raise NotImplementedError(f"Trainer.{stage}() needs {type(module).__name__}.{step}(batch, batch_idx).")
-    trainer.ckpt_path = _restore_weights(trainer, module, ckpt_path)
+    trainer.ckpt_path = _restore_weights(trainer, module, ckpt)
     _log_hyperparams(trainer, module)
     module.zero_grad()
     limit = trainer.limit_val_batches if stage == "validate" else trainer.limit_test_batches
@@ -239,9 +249,10 @@ def _checkpoint_dirs(trainer: Trainer) -> list[str]:
 
 
 def _load_for_fit(trainer: Trainer, module: nn.Module,
-                  ckpt_path: str | None) -> tuple[dict[str, Any] | None, str | None]:
+                  ckpt: CheckpointRequest) -> tuple[dict[str, Any] | None, str | None]:
     """The checkpoint `fit` resumes from: a path, "last" (newest readable one), "best", or None; None
     in a directory holding a preemption checkpoint means the newest checkpoint of this run there."""
+    ckpt_path = ckpt.path
     automatic = ckpt_path is None and (ckpt_path := default_resume_candidates(trainer)) is not None
     if ckpt_path is None and trainer.strategy.restart_count > 0:
         ckpt_path = "last"  # an elastic restart resumes from the newest checkpoint by itself
@@ -250,7 +261,7 @@ def _load_for_fit(trainer: Trainer, module: nn.Module,
     also = [preemption_checkpoint_path(trainer)] if ckpt_path == "last" else []
     for path in checkpointing.resolve_ckpt_path(ckpt_path, _checkpoint_dirs(trainer), also=also):
         try:
-            checkpoint = _load(trainer, path)
+            checkpoint = _load(trainer, path, ckpt.weights_only)
         except CheckpointError as error:
             if ckpt_path != "last":
                 raise
@@ -275,25 +286,25 @@ def _best_path(trainer: Trainer) -> str:
     return path
 
 
-def _restore_weights(trainer: Trainer, module: nn.Module, ckpt_path: str | None) -> str | None:
+def _restore_weights(trainer: Trainer, module: nn.Module, ckpt: CheckpointRequest) -> str | None:
     """Load the weights `validate`/`test`/`predict` were asked to use, then the module's and the
     callbacks' `on_load_checkpoint` and the callbacks' states, as Lightning does; returns the file."""
-    if ckpt_path is None:
+    if ckpt.path is None:
         return None
-    if ckpt_path == "best":
+    if ckpt.path == "best":
         paths = [_best_path(trainer)]
     else:
-        paths = checkpointing.resolve_ckpt_path(ckpt_path, _checkpoint_dirs(trainer))
+        paths = checkpointing.resolve_ckpt_path(ckpt.path, _checkpoint_dirs(trainer))
     if not paths:
         return None
-    checkpoint = _load(trainer, paths[0])
+    checkpoint = _load(trainer, paths[0], ckpt.weights_only)
     checkpointing.restore_module(trainer.strategy.unwrap(module), checkpoint, paths[0])
     checkpointing.restore_callbacks(trainer, module, checkpoint)
     return paths[0]
 
 
-def _load(trainer: Trainer, path: str) -> dict[str, Any]:
-    checkpoint = trainer.strategy.load_checkpoint(path)
+def _load(trainer: Trainer, path: str, weights_only: bool) -> dict[str, Any]:
+    checkpoint = trainer.strategy.load_checkpoint(path, weights_only=weights_only)
     checkpointing.check_checkpoint(checkpoint, path)
     return checkpoint
 

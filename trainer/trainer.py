@@ -204,42 +204,40 @@ class Trainer:
     # ------------------------------------------------------------------ entry points
     def fit(self, model: nn.Module, train_dataloaders: Any = None, val_dataloaders: Any = None,
             datamodule: Any = None, ckpt_path: str | None = None, weights_only: bool | None = None) -> None:
-        """Train `model`; afterwards it holds the trained weights (also after multi-process runs)."""
-        _check_weights_only(weights_only)
+        """Train `model`; afterwards it holds the trained weights (also after multi-process runs).
+        `weights_only=False` trusts `ckpt_path`: any pickled object in it is rebuilt (Lightning's meaning)."""
         settle_max_epochs(self)  # here, so the launching process's attribute and warning are those of the fit
         datamodule = _split_datamodule(train_dataloaders, datamodule)
         train_dataloaders = None if datamodule is train_dataloaders else train_dataloaders
         self._launch("fit", model, dict(train_dataloaders=train_dataloaders, val_dataloaders=val_dataloaders,
-                                        datamodule=datamodule, ckpt_path=ckpt_path))
+                                        datamodule=datamodule, ckpt_path=ckpt_path, weights_only=weights_only))
 
     def validate(self, model: nn.Module | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
                  verbose: bool = True, datamodule: Any = None, weights_only: bool | None = None) -> list[dict[str, float]]:
-        _check_weights_only(weights_only)
-        return self._evaluate_entry("validate", model, dataloaders, ckpt_path, verbose, datamodule)
+        return self._evaluate_entry("validate", model, dataloaders, ckpt_path, verbose, datamodule, weights_only)
 
     def test(self, model: nn.Module | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
              verbose: bool = True, datamodule: Any = None, weights_only: bool | None = None) -> list[dict[str, float]]:
-        _check_weights_only(weights_only)
-        return self._evaluate_entry("test", model, dataloaders, ckpt_path, verbose, datamodule)
+        return self._evaluate_entry("test", model, dataloaders, ckpt_path, verbose, datamodule, weights_only)
 
     def predict(self, model: nn.Module | None = None, dataloaders: Any = None, datamodule: Any = None,
                 return_predictions: bool | None = None, ckpt_path: str | None = None,
                 weights_only: bool | None = None) -> Any:
-        _check_weights_only(weights_only)
         datamodule = _split_datamodule(dataloaders, datamodule)
         dataloaders = None if datamodule is dataloaders else dataloaders
         ckpt_path = self._default_ckpt_path("predict", model, ckpt_path)
         output = self._launch("predict", model, dict(dataloaders=dataloaders, datamodule=datamodule,
-                                                     ckpt_path=ckpt_path, return_predictions=return_predictions))
+                                                     ckpt_path=ckpt_path, return_predictions=return_predictions,
+                                                     weights_only=weights_only))
         return output if return_predictions is not False else None
 
     def _evaluate_entry(self, stage: str, model: nn.Module | None, dataloaders: Any, ckpt_path: str | None,
-                        verbose: bool, datamodule: Any) -> list[dict[str, float]]:
+                        verbose: bool, datamodule: Any, weights_only: bool | None) -> list[dict[str, float]]:
         datamodule = _split_datamodule(dataloaders, datamodule)
         dataloaders = None if datamodule is dataloaders else dataloaders
         ckpt_path = self._default_ckpt_path(stage, model, ckpt_path)
         return self._launch(stage, model, dict(dataloaders=dataloaders, datamodule=datamodule, ckpt_path=ckpt_path,
-                                               verbose=verbose))
+                                               verbose=verbose, weights_only=weights_only))
 
     def _launch(self, stage: str, model: nn.Module | None, data: dict[str, Any]) -> Any:
         model = unwrap_compiled(model) if model is not None else None  # Lightning's meaning: see compiled.py
@@ -249,6 +247,8 @@ class Trainer:
             self._fitted = False
         if model is None:
             raise TypeError(f"Trainer.{stage}() needs a model: pass one, or call fit(model) first.")
+        if data.get("weights_only") not in (None, True, False):
+            raise TypeError(f"weights_only={data['weights_only']!r} must be None, True or False.")
         ckpt_path = data.get("ckpt_path")
         if ckpt_path not in (None, "last", "best") and not os.path.isfile(ckpt_path):
             raise CheckpointError(f"ckpt_path={ckpt_path!r} does not exist; pass a checkpoint file, 'best', 'last' "
@@ -605,14 +605,6 @@ class Trainer:
                      lr_scheduler_configs=[], data=DataSources(), preemption_watch=None,  # a watch holds a store
                      prediction_run=None)  # the latest predictions stay where they were made
         return state
-
-
-def _check_weights_only(weights_only: bool | None) -> None:
-    """Checkpoints are always read with torch.load(weights_only=True) (loading never runs pickled
-    code), which is what None and True ask for; False is refused rather than ignored."""
-    if weights_only is False:
-        raise ValueError("weights_only=False is not supported: checkpoints are loaded without running pickled code "
-                         "(weights_only=True). Store custom objects as tensors or plain Python values.")
 
 
 def _split_datamodule(loaders: Any, datamodule: Any) -> Any:

@@ -109,11 +109,6 @@ def test_arguments_we_cannot_honour_are_refused_by_name(name: str) -> None:
         Trainer(**{name: "simple"})
 
 
-def test_weights_only_false_is_refused_not_ignored(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="weights_only=False"):
-        _trainer(tmp_path).fit(TinyRegressor(), datamodule=RegressionData(), weights_only=False)
-
-
 @pytest.mark.parametrize(("interval", "every_n_epochs"), [(0.5, None), (1.0, None), (None, None), (3, None),
                                                           (0.5, 1)])
 def test_a_fraction_of_an_epoch_needs_epochs_to_validate_by_as_in_lightning(tmp_path: Path, interval: Any,
