@@ -57,6 +57,7 @@ def run_stage(trainer: Trainer, stage: str, model: nn.Module, data: dict[str, An
     if trainer.datamodule is not None:
         trainer.datamodule.trainer = trainer
     _add_module_callbacks(trainer, model)
+    trainer.profiler.setup(stage=stage, local_rank=trainer.local_rank, log_dir=trainer.log_dir)
     interrupted = False
     try:
         output = _run(trainer, stage, model, data)
@@ -74,6 +75,8 @@ def run_stage(trainer: Trainer, stage: str, model: nn.Module, data: dict[str, An
         if trainer.datamodule is not None:
             trainer.datamodule.trainer = None
         trainer.state.stage = None
+        trainer.profiler.describe()  # the stage's report, also when it failed (Lightning's teardown)
+        trainer.profiler.teardown(stage)
     result = StageResult(pid=os.getpid(), output=output, interrupted=interrupted)
     if launcher_pid != os.getpid():  # the launching process adopts rank 0's outcome
         result.loop_state = trainer.loop_state.state_dict()

@@ -30,6 +30,7 @@ from trainer.data_sources import DataSources, is_datamodule
 from trainer.lightning_views import FitLoopView, LoggerConnectorView, PredictLoopView
 from trainer.loggers.base import DummyLogger, is_logger
 from trainer.optimizers import LRSchedulerConfig
+from trainer.profiler import is_profiling, resolve_profiler
 from trainer.precision import Precision, normalize_precision
 from trainer.loops.fit_loop import effective_max_epochs, settle_max_epochs
 from trainer.loops.nonfinite import NonFiniteWatch
@@ -134,9 +135,10 @@ class Trainer:
         self.strategy.configure(accelerator=None if accelerator == "auto" else accelerator,
                                 devices=self.num_devices, num_nodes=self.num_nodes)
         self.loggers = self._build_loggers(args["logger"])
+        self.profiler = resolve_profiler(profiler)
         self.callback_list = CallbackList(self._build_callbacks(
             callbacks, args["enable_checkpointing"], args["enable_progress_bar"], enable_telemetry and not barebones,
-            args["enable_model_summary"]))
+            args["enable_model_summary"]), profiler=self.profiler if is_profiling(self.profiler) else None)
         self.loop_state = LoopState()
         self.state = TrainerStatus()
         self.metric_store = MetricStore(self.strategy.reduce, ranks=self.strategy)
@@ -309,9 +311,10 @@ class Trainer:
             raise TypeError("save_checkpoint(storage_options=...) is not supported: our checkpoint I/O writes local "
                             "files; pass a CheckpointIO to the strategy to write elsewhere.")
         self.nonfinite_watch.check(self)  # never save weights a non-finite step has already spoiled
-        module = self.strategy.unwrap(self.lightning_module)
-        checkpoint = build_checkpoint(self, module, weights_only)
-        self.strategy.save_checkpoint(checkpoint, filepath)
+        with self.profiler.profile("save_checkpoint"):
+            module = self.strategy.unwrap(self.lightning_module)
+            checkpoint = build_checkpoint(self, module, weights_only)
+            self.strategy.save_checkpoint(checkpoint, filepath)
 
     def write_logger_metrics(self, step: int | None = None) -> None:
         """Send what the metric store has due to every logger, on global rank 0 only, at `step`

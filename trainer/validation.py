@@ -28,8 +28,6 @@ _DEFAULTS = {"precision": "32-true", "logger": True, "enable_checkpointing": Tru
              "val_check_interval": 1.0, "limit_train_batches": 1.0, "limit_val_batches": 1.0,
              "limit_test_batches": 1.0, "limit_predict_batches": 1.0, "gradient_clip_algorithm": None}
 _UNSUPPORTED = {
-    "profiler": "profile with torch.profiler inside your module, or read the per-step telemetry "
-                "(enable_telemetry=True)",
     "plugins": "pass precision=... for precision and a Strategy(checkpoint_io=...) for checkpoint I/O",
     "model_registry": "upload checkpoints from ModelCheckpoint's dirpath yourself",
 }

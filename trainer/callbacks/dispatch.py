@@ -65,8 +65,9 @@ class CallbackList:
     """The Trainer's callbacks. `call(hook, ...)` runs `callback.hook(trainer, module, ...)` for
     each callback, then `module.hook(...)` when the module defines it."""
 
-    def __init__(self, callbacks: Sequence[Any]) -> None:
+    def __init__(self, callbacks: Sequence[Any], profiler: Any = None) -> None:
         self.callbacks = [adopt_callback(callback) for callback in callbacks]
+        self.profiler = profiler  # times each hook call when given (trainer/profiler.py); None: untimed
 
     def call(self, hook: str, trainer: TrainerContract, module: nn.Module, *args: Any, **kwargs: Any) -> Any:
         self.call_callbacks(hook, trainer, module, *args, **kwargs)
@@ -105,19 +106,29 @@ class CallbackList:
                 if monitoring is not None and is_monitoring(callback) != monitoring:
                     continue
                 method = getattr(callback, hook, None)
-                if method is not None:
+                if method is None:
+                    continue
+                if self.profiler is None:
+                    method(trainer, module, *args, **kwargs)
+                    continue
+                with self.profiler.profile(f"[Callback]{getattr(callback, 'state_key', type(callback).__qualname__)}"
+                                           f".{hook}"):
                     method(trainer, module, *args, **kwargs)
         finally:
             set_current_hook(module, previous)
 
-    @staticmethod
-    def call_module(hook: str, module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    def call_module(self, hook: str, module: Any, *args: Any, **kwargs: Any) -> Any:
+        """`module.hook(...)` when the module (or datamodule) defines it, with `self.log` knowing the hook."""
         method = getattr(module, hook, None)
         if not callable(method):
             return None
         previous = set_current_hook(module, hook)
         try:
-            return method(*args, **kwargs)
+            if self.profiler is None:
+                return method(*args, **kwargs)
+            kind = "LightningModule" if isinstance(module, nn.Module) else "LightningDataModule"
+            with self.profiler.profile(f"[{kind}]{type(module).__name__}.{hook}"):
+                return method(*args, **kwargs)
         finally:
             set_current_hook(module, previous)
 

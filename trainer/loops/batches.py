@@ -21,6 +21,7 @@ from torch.utils.data import IterableDataset
 from trainer.combined_loader import CombinedLoader
 from trainer.data_sources import overrides
 from trainer.precision import move_to_device
+from trainer.profiler import is_profiling
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -80,6 +81,8 @@ def iterate_limited(trainer: Trainer, loader: Any, stage: str, skip: int = 0,
     if on_resumed is not None and skip == 0:
         on_resumed()  # the checkpoint was taken between epochs, before this iterator existed
     iterator = iter(batches)
+    if is_profiling(trainer.profiler):
+        iterator = _timed(iterator, trainer.profiler, f"{stage}_dataloader_next")
     for _ in range(skip if limit < 0 else min(skip, limit)):
         if next(iterator, _EXHAUSTED) is _EXHAUSTED:
             return
@@ -91,6 +94,16 @@ def iterate_limited(trainer: Trainer, loader: Any, stage: str, skip: int = 0,
         batch = transfer_batch(trainer, batch, dataloader_idx)
         trainer.metric_store.current_batch_size = _batch_size(batch)
         yield batch_idx, batch
+
+
+def _timed(iterator: Iterator[Any], profiler: Any, action: str) -> Iterator[Any]:
+    """`iterator`, each fetch timed as `action` (loading and collating the next batch)."""
+    while True:
+        with profiler.profile(action):
+            batch = next(iterator, _EXHAUSTED)
+        if batch is _EXHAUSTED:
+            return
+        yield batch
 
 
 def transfer_batch(trainer: Trainer, batch: Any, dataloader_idx: int) -> Any:

@@ -312,7 +312,8 @@ def _step(trainer: Trainer, module: nn.Module, step_name: str, batch: Any, batch
     try:
         step = getattr(module, step_name)
         args = (batch, batch_idx, *extra) if takes_batch_idx(step) else (batch,)
-        with trainer.precision_plugin.autocast():
+        with trainer.precision_plugin.autocast(), \
+                trainer.profiler.profile(f"[Strategy]{type(trainer.strategy).__name__}.{step_name}"):
             return trainer.strategy.evaluation_step(module, step_name, *args)
     finally:
         set_current_hook(module, previous)

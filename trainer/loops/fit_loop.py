@@ -70,7 +70,8 @@ def run_fit(trainer: Trainer, module: nn.Module) -> None:
     callbacks.call("on_train_start", trainer, module)
     while not _fit_done(trainer):
         train_loader = _maybe_reload(trainer, module, train_loader)
-        _run_epoch(trainer, module, train_loader, resume)
+        with trainer.profiler.profile("run_training_epoch"):
+            _run_epoch(trainer, module, train_loader, resume)
         resume, state.restarting = None, False
         state.current_epoch += 1
         state.batch_in_epoch = state.samples_in_epoch = 0
@@ -157,7 +158,8 @@ def _run_epoch(trainer: Trainer, module: nn.Module, train_loader: Any, resume: R
             last_idx, stopped = (int(total) - 1 if total != float("inf") else batch_idx), True
             break  # Lightning: returning -1 ends the epoch early (counted as its last batch)
         else:
-            output = run_training_batch(trainer, module, batch, batch_idx, window_end)
+            with trainer.profiler.profile("run_training_batch"):
+                output = run_training_batch(trainer, module, batch, batch_idx, window_end)
         if isinstance(batch, StepIterator):  # the step fetched its own batches: follow where it got to
             hook_batch, batch_idx, _ = batch.last
             last_idx, state.is_last_batch = batch_idx, not batch.has_more()

@@ -105,15 +105,17 @@ def backward(trainer: Trainer, module: nn.Module, loss: torch.Tensor, *args: Any
     callbacks, precision = trainer.callback_list, trainer.precision_plugin
     loss = precision.scale_loss(loss)
     callbacks.call("on_before_backward", trainer, module, loss)
-    trainer.strategy.backward(loss, run=lambda tensor: callbacks.call_module("backward", module, tensor,
-                                                                             *args, **kwargs))
+    with trainer.profiler.profile(f"[Strategy]{type(trainer.strategy).__name__}.backward"):
+        trainer.strategy.backward(loss, run=lambda tensor: callbacks.call_module("backward", module, tensor,
+                                                                                 *args, **kwargs))
     callbacks.call("on_after_backward", trainer, module)
 
 
 def training_step(trainer: Trainer, module: nn.Module, batch: Any, batch_idx: int) -> Any:
     previous = set_current_hook(module, "training_step")
     try:
-        with trainer.precision_plugin.autocast():
+        with trainer.precision_plugin.autocast(), \
+                trainer.profiler.profile(f"[Strategy]{type(trainer.strategy).__name__}.training_step"):
             args = (batch, batch_idx) if takes_batch_idx(module.training_step) else (batch,)
             return trainer.strategy.training_step(module, *args)
     finally:

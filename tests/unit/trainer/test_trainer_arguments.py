@@ -103,7 +103,7 @@ def test_should_stop_waits_for_min_epochs(tmp_path: Path) -> None:
     assert trainer.current_epoch == 3
 
 
-@pytest.mark.parametrize("name", ["profiler", "plugins", "model_registry"])
+@pytest.mark.parametrize("name", ["plugins", "model_registry"])
 def test_arguments_we_cannot_honour_are_refused_by_name(name: str) -> None:
     with pytest.raises(ValueError, match=f"Trainer\\({name}="):
         Trainer(**{name: "simple"})
