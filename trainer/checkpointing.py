@@ -216,13 +216,17 @@ def restore_training_state(trainer: Trainer, module: Any, checkpoint: dict[str, 
     trainer.loop_state.load_state_dict(_loop_position(checkpoint, trainer.accumulate_grad_batches))
     _check_not_past_max_epochs(trainer, path)
     trainer.loop_state.loader_states_to_restore = saved_loader_states(checkpoint)
+    # the fit loop applies it, at the point the checkpoint was taken
+    trainer.loop_state.rng_to_restore = _rng_as(torch.int64, _saved(checkpoint, "rng_states", None))
+
+
+def restore_datamodule(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
+    """The datamodule's own state (its `load_state_dict`), restored with the module and callbacks."""
     datamodule = trainer.datamodule
     if datamodule is not None and callable(getattr(datamodule, "load_state_dict", None)):
         state = checkpoint.get(type(datamodule).__qualname__, checkpoint.get("datamodule"))
         if state:
             datamodule.load_state_dict(state)
-    # the fit loop applies it, at the point the checkpoint was taken
-    trainer.loop_state.rng_to_restore = _rng_as(torch.int64, _saved(checkpoint, "rng_states", None))
 
 
 def _check_not_past_max_epochs(trainer: Trainer, path: str) -> None:

@@ -181,13 +181,16 @@ def _fit_watched(trainer: Trainer, module: nn.Module, ckpt: CheckpointRequest) -
     trainer.ckpt_path = path
     if checkpoint is not None and path is not None:
         checkpointing.restore_module(trainer.strategy.unwrap(module), checkpoint, path)
+        checkpointing.restore_datamodule(trainer, checkpoint)
         checkpointing.restore_callbacks(trainer, module, checkpoint)
     _configure_optimizers(trainer, module)
-    if checkpoint is not None and path is not None:
-        checkpointing.restore_training_state(trainer, module, checkpoint, path)
     callbacks = trainer.callback_list
     callbacks.call("on_fit_start", trainer, module)
     _log_hyperparams(trainer, module)  # every stage, after on_fit_start in fit (Lightning's order)
+    if checkpoint is not None and path is not None:
+        # Lightning's order: after on_fit_start, so a callback that changes the optimizer there (BaseFinetuning
+        # adds back the parameter groups it had unfrozen) gets the saved state into the optimizer it rebuilt
+        checkpointing.restore_training_state(trainer, module, checkpoint, path)
     module.zero_grad()
     with torch.autograd.set_detect_anomaly(trainer.detect_anomaly):
         run_fit(trainer, module)
