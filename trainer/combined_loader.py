@@ -6,7 +6,8 @@ long as the longest loader and shorter ones start over. The other modes: `min_si
 the shortest), `max_size` (run to the longest; an exhausted loader contributes `None`) and
 `sequential` (one loader after the other, each batch tagged with its loader's index; what
 evaluation does with several loaders). Collections may nest (`{"a": [loader_1, loader_2]}`): every
-loader in them is a member, and batches come in the collection's shape. A Lightning `CombinedLoader` handed to our Trainer is read
+loader in them is a member, and batches come in the collection's shape; a list of plain values
+(`[0, 1, 2]`) is itself a member. A Lightning `CombinedLoader` handed to our Trainer is read
 through its public `iterables` and becomes one of these.
 """
 
@@ -32,7 +33,7 @@ class CombinedLoader:
             raise ValueError(f"CombinedLoader mode {mode!r} is not one of {list(MODES)}.")
         self.mode = mode
         self._iterables = iterables
-        self._flattened, self._shape = tree_flatten(iterables)
+        self._flattened, self._shape = tree_flatten(iterables, is_leaf=_is_member)
 
     @property
     def iterables(self) -> Any:
@@ -111,6 +112,19 @@ class CombinedLoader:
             batch = next(iterator, sentinel)
             return (None if batch is sentinel else batch), iterator, True
         return None, iterator, True
+
+
+def _is_member(node: Any) -> bool:
+    """Whether `node` is one iterable to draw batches from rather than a collection of them: anything but a
+    list, tuple or dict, and one of those whose items are all plain values (`[0, 1, 2]` is data; Lightning's
+    reading)."""
+    if isinstance(node, dict):
+        items: Iterable[Any] = node.values()
+    elif isinstance(node, (list, tuple)):
+        items = node
+    else:
+        return True
+    return all(isinstance(item, (int, float, str)) for item in items)
 
 
 def _length(member: Iterable[Any]) -> int | float:

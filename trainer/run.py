@@ -29,6 +29,7 @@ from trainer.loops.preemption import default_resume_candidates, discard_if_consu
 from trainer.loops.training_step import backward
 from trainer.module_adapter import align_lightning_rank, attach, automatic_optimization, check_module, detach
 from trainer.optimizers import ManualOptimizer, NoOptimizer, check_schedulers, init_optimizers
+from trainer.profiler import is_profiling
 from trainer.seed import SEED_ENV, seed_everything
 from trainer.stage_result import StageResult
 from trainer.validation import apply_backend_flags
@@ -57,7 +58,8 @@ def run_stage(trainer: Trainer, stage: str, model: nn.Module, data: dict[str, An
     if trainer.datamodule is not None:
         trainer.datamodule.trainer = trainer
     _add_module_callbacks(trainer, model)
-    trainer.profiler.setup(stage=stage, local_rank=trainer.local_rank, log_dir=trainer.log_dir)
+    trainer.profiler.setup(stage=stage, local_rank=trainer.local_rank,
+                           log_dir=trainer.log_dir if is_profiling(trainer.profiler) else None)
     interrupted = False
     try:
         output = _run(trainer, stage, model, data)
@@ -116,6 +118,16 @@ def _add_module_callbacks(trainer: Trainer, model: nn.Module) -> None:
     trainer.callback_list.callbacks[:] = checkpoints_last(kept + extra)
 
 
+def _create_experiments(trainer: Trainer) -> None:
+    """Each logger's experiment (its writer and run directory) exists before the setup hooks, as in
+    Lightning, so they can read its metadata; on global rank 0, the rank that logs."""
+    if not trainer.is_global_zero:
+        return
+    for logger in trainer.loggers:
+        if isinstance(getattr(type(logger), "experiment", None), property):
+            _ = logger.experiment
+
+
 def _reseed_worker() -> None:
     """A spawned worker starts with fresh RNGs: give it the seed the user set in the launching
     process (as Lightning does), so dropout and shuffling are reproducible run to run."""
@@ -127,6 +139,7 @@ def _run(trainer: Trainer, stage: str, model: nn.Module, data: dict[str, Any]) -
     callbacks, strategy = trainer.callback_list, trainer.strategy
     stage = trainer.state.fn or stage  # the same string, also answering `.value` as Lightning's enum does
     _prepare_data(trainer, model)
+    _create_experiments(trainer)
     if trainer.datamodule is not None:
         trainer.datamodule.setup(stage=stage)
     callbacks.call("setup", trainer, model, stage=stage)

@@ -9,7 +9,7 @@ from typing import Any
 
 from typing_extensions import override
 
-from strategies.rank_zero import rank_zero_only
+from strategies.rank_zero import current_global_rank, rank_zero_only
 from trainer.loggers.base import HPARAMS_FILE, FileLogger, plain_params, save_hparams_yaml, scalar
 
 
@@ -34,6 +34,14 @@ class CSVLogger(FileLogger):
     @property
     def metrics_file_path(self) -> str:
         return os.path.join(self.log_dir, self.NAME_METRICS_FILE)
+
+    @property
+    def experiment(self) -> CSVLogger:
+        """The writer of `metrics.csv`: this logger itself (`log_metrics`, `save`, `metrics_file_path`), its
+        directory made on first use, as Lightning's CSVLogger makes its writer's."""
+        if current_global_rank() == 0:
+            os.makedirs(self.log_dir, exist_ok=True)
+        return self
 
     @override
     @rank_zero_only

@@ -99,7 +99,7 @@ def test_evaluating_a_combined_loader_matches_lightning(tmp_path: Path, mode: st
 
 
 def test_our_combined_loader_modes() -> None:
-    members = {"a": range(3), "b": range(3, 5)}  # (a list would be read as a collection, as Lightning does)
+    members = {"a": [0, 1, 2], "b": {3, 4}}  # a list (or set) of plain values is one member, as in Lightning
     assert list(CombinedLoader(members, "max_size_cycle")) == [{"a": 0, "b": 3}, {"a": 1, "b": 4}, {"a": 2, "b": 3}]
     assert list(CombinedLoader(members, "min_size")) == [{"a": 0, "b": 3}, {"a": 1, "b": 4}]
     assert list(CombinedLoader(members, "max_size")) == [{"a": 0, "b": 3}, {"a": 1, "b": 4}, {"a": 2, "b": None}]
@@ -108,7 +108,7 @@ def test_our_combined_loader_modes() -> None:
         == [3, 2, 3, 5]
     with pytest.raises(ValueError, match="mode 'zip'"):
         CombinedLoader(members, "zip")
-    nested = CombinedLoader({"a": [range(2), range(10, 13)], "b": range(20, 22)}, "max_size")
+    nested = CombinedLoader({"a": [range(2), [10, 11, 12]], "b": range(20, 22)}, "max_size")
     assert len(nested.flattened) == 3 and len(nested) == 3
     assert list(nested) == [{"a": [0, 10], "b": 20}, {"a": [1, 11], "b": 21}, {"a": [None, 12], "b": None}]
 
