@@ -142,7 +142,7 @@ def run_raw(case: Case, compile_: bool, steps: int, warmup: int, torch_ddp: bool
     model, stamps = case.model(), []
     optimizer = case.optimizer(model.parameters())
     model.train()
-    with _one_process_group() if torch_ddp else contextlib.nullcontext():
+    with one_process_group() if torch_ddp else contextlib.nullcontext():
         step_model: nn.Module = DistributedDataParallel(model) if torch_ddp else model
         step_model = torch.compile(step_model) if compile_ else step_model
         _raw_loop(case, step_model, optimizer, steps, stamps)
@@ -169,7 +169,7 @@ def _fresh_compiles(compile_: bool) -> None:
 
 
 @contextlib.contextmanager
-def _one_process_group() -> Iterator[None]:
+def one_process_group() -> Iterator[None]:
     """A gloo group of this process alone, gone afterwards (our Trainer's runs start their own)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
