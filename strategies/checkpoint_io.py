@@ -11,6 +11,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import cloudpickle
 import torch
 
 
@@ -50,7 +51,7 @@ class TorchCheckpointIO(CheckpointIO):
             _remove_stale_temp_files(target)
             fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
             with os.fdopen(fd, "wb") as handle:
-                torch.save(checkpoint, handle)
+                _dump(checkpoint, handle)
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(tmp_name, target)
@@ -90,6 +91,20 @@ class TorchCheckpointIO(CheckpointIO):
                 f"Checkpoint {str(source)!r} holds a {type(checkpoint).__name__}, expected a dict."
             )
         return checkpoint
+
+
+def _dump(checkpoint: dict[str, Any], handle: Any) -> None:
+    """`torch.save`. A class our launcher sent to a worker by value (one defined in the user's script,
+    `__main__`) cannot be pickled by name there, since the worker's `__main__` holds another copy of it;
+    a checkpoint holding such an object (a callback's state) is written with cloudpickle instead, which
+    stores that class by value. Loading it takes `weights_only=False`, as any custom object does."""
+    start = handle.tell()
+    try:
+        torch.save(checkpoint, handle)
+    except pickle.PicklingError:
+        handle.seek(start)
+        handle.truncate()
+        torch.save(checkpoint, handle, pickle_module=cloudpickle)
 
 
 def _remove_stale_temp_files(target: Path) -> None:

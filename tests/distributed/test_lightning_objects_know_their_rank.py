@@ -5,15 +5,12 @@ preloads the script's imports, has read Lightning's rank before any rank existed
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).parents[2]
+from tests.helpers.user_script import run_user_script
 
 SCRIPT = textwrap.dedent("""
     import sys
@@ -48,12 +45,7 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.mark.timeout(180)
 def test_lightning_logger_on_rank_1_gets_the_dummy_experiment(tmp_path: Path) -> None:
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, str(script), str(tmp_path)], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=150)
-    assert done.returncode == 0, done.stderr[-2000:]
+    run_user_script(tmp_path, SCRIPT, str(tmp_path))
     assert (tmp_path / "rank0.txt").read_text() == "0 False"
     assert (tmp_path / "rank1.txt").read_text() == "1 True"
     assert len(list((tmp_path / "logs").rglob("events.out.tfevents.*"))) == 1  # one writer, on rank 0

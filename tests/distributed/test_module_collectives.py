@@ -7,15 +7,12 @@ Trainers, and the same code on our own LightningModule."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).parents[2]
+from tests.helpers.user_script import run_user_script
 
 SCRIPT = textwrap.dedent("""
     import json
@@ -74,12 +71,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def _run(tmp_path: Path, kind: str) -> list[dict]:
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, str(script), kind, str(tmp_path)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=150)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_user_script(tmp_path, SCRIPT, kind, str(tmp_path))
     return [json.loads((tmp_path / f"{kind}-rank{rank}.json").read_text()) for rank in range(2)]
 
 
