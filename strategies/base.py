@@ -58,12 +58,21 @@ def resolve_reduce_op(reduce_op: Any) -> ReduceOp:
 
 
 def check_group(group: Any) -> None:
-    """A collective's `group` (Lightning's argument): None for every rank, or a torch ProcessGroup. A
-    string there is the reduction passed in the group's place."""
+    """A collective's `group` (Lightning's argument): None or the default group (`torch.distributed.group.WORLD`,
+    what Lightning's `self.all_gather` passes). A subgroup is refused: the hang guard expects every rank in
+    every collective, so a subgroup's collective would later read as ranks out of step. A string there
+    is a reduction passed in the group's place."""
     if isinstance(group, str):
         raise TypeError(f"group={group!r} is not a process group; pass the reduction by name, "
                         f"reduce(tensor, reduce_op={group!r}) (the signature is Lightning's: reduce(tensor, "
                         "group=None, reduce_op='mean')).")
+    if group is None:
+        return
+    import torch.distributed as dist
+
+    if not dist.is_available() or group is not dist.group.WORLD:
+        raise ValueError(f"group={group!r}: collectives run on every rank (group=None or "
+                         "torch.distributed.group.WORLD); a subgroup is not supported by this strategy.")
 ACCELERATORS = ("cpu", "cuda", "gpu", "auto")
 
 
@@ -298,7 +307,9 @@ class Strategy(abc.ABC):
         the user trusts the file: `weights_only=False`), onto the CPU: `load_state_dict` moves weights
         and optimizer state onto the parameters' devices, and what else a checkpoint holds (RNG
         states, step counters, callbacks' best scores) belongs on the CPU, as after a fresh start."""
-        return self.checkpoint_io.load(path, map_location="cpu", weights_only=weights_only)
+        if weights_only:  # a CheckpointIO written before `weights_only` existed takes (path, map_location)
+            return self.checkpoint_io.load(path, map_location="cpu")
+        return self.checkpoint_io.load(path, map_location="cpu", weights_only=False)
 
     def remove_checkpoint(self, path: str | os.PathLike[str]) -> None:
         if self.is_global_zero:

@@ -19,6 +19,11 @@ class CheckpointError(RuntimeError):
     """A checkpoint file is missing, truncated, foreign or unsafe; the message names the file."""
 
 
+class UntrustedCheckpointError(CheckpointError):
+    """A readable checkpoint holding objects that loading with `weights_only=True` refuses: not a damaged
+    file, so resuming from "last" must not skip it and start over (the user may trust it)."""
+
+
 class CheckpointIO(abc.ABC):
     """How a checkpoint dict becomes a file and back. Strategies call it on the right ranks."""
 
@@ -77,7 +82,10 @@ class TorchCheckpointIO(CheckpointIO):
         try:
             checkpoint = torch.load(source, map_location=map_location, weights_only=weights_only)
         except pickle.UnpicklingError as error:
-            raise CheckpointError(
+            if not zipfile.is_zipfile(source):  # no torch.save archive at all: damaged or foreign, not untrusted
+                raise CheckpointError(f"Checkpoint {str(source)!r} is truncated or not a torch checkpoint: "
+                                      f"{error}") from error
+            raise UntrustedCheckpointError(
                 f"Checkpoint {str(source)!r} holds objects that are not plain tensors/containers and "
                 f"was refused (loading with weights_only=True never executes pickled code): {error}. If you "
                 "trust this file, pass weights_only=False (to fit/validate/test/predict or load_from_checkpoint)."
@@ -101,7 +109,9 @@ def _dump(checkpoint: dict[str, Any], handle: Any) -> None:
     start = handle.tell()
     try:
         torch.save(checkpoint, handle)
-    except pickle.PicklingError:
+    except pickle.PicklingError as error:
+        if "not the same object as __main__." not in str(error):
+            raise  # a lambda, an open file...: not ours to store as code
         handle.seek(start)
         handle.truncate()
         torch.save(checkpoint, handle, pickle_module=cloudpickle)

@@ -281,7 +281,7 @@ class LightningModule(nn.Module):
         strategy = self.trainer.strategy
 
         def gather(leaf: Any) -> Any:
-            if isinstance(leaf, (int, float)) and not isinstance(leaf, bool):
+            if isinstance(leaf, (int, float)):
                 leaf = torch.tensor(leaf, device=self.device)
             if not isinstance(leaf, torch.Tensor):
                 return leaf

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from typing import Any
 
 PROFILER_NAMES = ("simple",)
+_NOTHING = contextlib.nullcontext()  # reusable: entering it does nothing
 
 
 class PassThroughProfiler:
@@ -33,7 +34,7 @@ class PassThroughProfiler:
     enabled = False
 
     def profile(self, action_name: str) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()
+        return _NOTHING
 
     def start(self, action_name: str) -> None: ...
 
@@ -134,5 +135,6 @@ def resolve_profiler(profiler: Any) -> Any:
 
 
 def is_profiling(profiler: Any) -> bool:
-    """Whether actions are worth timing: our pass-through says no, so the hot path skips even naming them."""
+    """Whether actions are worth timing: our pass-through says no, so hook dispatch and batch fetching skip
+    even naming them (the few loop-level actions enter a shared no-op context: well under a microsecond)."""
     return bool(getattr(profiler, "enabled", True))

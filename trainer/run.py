@@ -2,9 +2,10 @@
 
 `run_stage` is the function `Trainer` hands to `strategy.launch`; it returns global rank 0's
 `StageResult` so the launching process can adopt the outcome. The order of the set-up hooks is
-Lightning's: configure_callbacks, prepare_data, setup (DataModule, callbacks, module),
-configure_model, the checkpoint's weights and callback states, configure_optimizers, the
-checkpoint's training state, on_fit_start.
+Lightning's: configure_callbacks, prepare_data, the loggers' experiments, setup (DataModule,
+callbacks, module), configure_model, the checkpoint's weights, datamodule and callback states,
+configure_optimizers, on_fit_start, then the checkpoint's training state (optimizers, schedulers,
+loop position).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, TYPE_CHECKING
 import torch
 from torch import nn
 
-from strategies.checkpoint_io import CheckpointError
+from strategies.checkpoint_io import CheckpointError, UntrustedCheckpointError
 from strategies.rank_zero import rank_zero_warn
 from trainer import checkpointing
 from trainer.callbacks.dispatch import adopt_callback, checkpoints_last
@@ -58,7 +59,7 @@ def run_stage(trainer: Trainer, stage: str, model: nn.Module, data: dict[str, An
     if trainer.datamodule is not None:
         trainer.datamodule.trainer = trainer
     _add_module_callbacks(trainer, model)
-    trainer.profiler.setup(stage=stage, local_rank=trainer.local_rank,
+    trainer.profiler.setup(stage=stage, local_rank=trainer.local_rank if trainer.world_size > 1 else None,
                            log_dir=trainer.log_dir if is_profiling(trainer.profiler) else None)
     interrupted = False
     try:
@@ -77,8 +78,7 @@ def run_stage(trainer: Trainer, stage: str, model: nn.Module, data: dict[str, An
         if trainer.datamodule is not None:
             trainer.datamodule.trainer = None
         trainer.state.stage = None
-        trainer.profiler.describe()  # the stage's report, also when it failed (Lightning's teardown)
-        trainer.profiler.teardown(stage)
+        _report_profile(trainer, stage)
     result = StageResult(pid=os.getpid(), output=output, interrupted=interrupted)
     if launcher_pid != os.getpid():  # the launching process adopts rank 0's outcome
         result.loop_state = trainer.loop_state.state_dict()
@@ -91,6 +91,17 @@ def run_stage(trainer: Trainer, stage: str, model: nn.Module, data: dict[str, An
             state = plain_state_dict(trainer.strategy.unwrap(model).state_dict())
             result.state_dict = {k: v.detach().cpu() for k, v in state.items()}
     return result
+
+
+def _report_profile(trainer: Trainer, stage: str) -> None:
+    """The profiler's report for the stage, also when it failed (Lightning's teardown); a report that
+    cannot be written warns instead of hiding how the stage ended."""
+    try:
+        trainer.profiler.describe()
+    except Exception as error:  # noqa: BLE001 (any failure of a report must not replace the stage's outcome)
+        rank_zero_warn(f"the profiler's report for {stage} could not be written: {error!r}")
+    finally:
+        trainer.profiler.teardown(stage)
 
 
 def _on_exception(trainer: Trainer, model: nn.Module, error: BaseException) -> None:
@@ -282,7 +293,7 @@ def _load_for_fit(trainer: Trainer, module: nn.Module,
         try:
             checkpoint = _load(trainer, path, ckpt.weights_only)
         except CheckpointError as error:
-            if ckpt_path != "last":
+            if ckpt_path != "last" or isinstance(error, UntrustedCheckpointError):
                 raise
             warnings.warn(f"ckpt_path='last': skipping unreadable {path}: {error}", stacklevel=2)
             continue

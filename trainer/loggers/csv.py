@@ -30,6 +30,7 @@ class CSVLogger(FileLogger):
         self._rows: list[dict[str, Any]] = []  # buffered until the next flush
         self._keys: list[str] = []
         self._started = False  # a previous run's metrics.csv in this directory is replaced, like Lightning
+        self._dir_made = False
 
     @property
     def metrics_file_path(self) -> str:
@@ -39,8 +40,9 @@ class CSVLogger(FileLogger):
     def experiment(self) -> CSVLogger:
         """The writer of `metrics.csv`: this logger itself (`log_metrics`, `save`, `metrics_file_path`), its
         directory made on first use, as Lightning's CSVLogger makes its writer's."""
-        if current_global_rank() == 0:
+        if not self._dir_made and current_global_rank() == 0:
             os.makedirs(self.log_dir, exist_ok=True)
+            self._dir_made = True
         return self
 
     @override

@@ -11,9 +11,10 @@ still ran (their weights are NaN anyway).
 Each step costs one device op besides the gradient norm: the norm and the loss are written side by
 side into a row of a small device buffer (a few launches per step are what a compiled GPU step
 notices). The norm itself reads the strategy's flat gradient buffers when it keeps them (our DDP's
-buckets: a few tensors instead of one per parameter); only its finiteness is used. The rows are one run of consecutive steps of one epoch, so row `i` is step `first + i`;
-the host folds them into the first bad (step, epoch, loss finite) record when the buffer is full,
-when the run breaks, and before it reads the record.
+buckets: a few tensors instead of one per parameter); only its finiteness is used. The rows are one
+run of consecutive steps of one epoch, so row `i` is step `first + i`; the host folds them into the
+first bad (step, epoch, loss finite) record when the buffer is full, when the run breaks, and before it
+reads the record.
 
 "skip" has to decide before the optimizer steps, so it reads the verdict at once (one wait per
 step, the price of skipping). "ignore", and a GradScaler (which skips overflowing steps itself),
@@ -103,7 +104,8 @@ class NonFiniteWatch:
         step, epoch, loss_finite = self._first_bad.tolist()  # the host waits for the device here only
         if step == _NONE:
             return
-        flags = trainer.strategy.all_gather(torch.tensor([float(loss_finite)], device=trainer.strategy.root_device))
+        flags = trainer.strategy.all_gather_ranks(torch.tensor([float(loss_finite)],
+                                                               device=trainer.strategy.root_device))
         culprits = [rank for rank, flag in enumerate(flags.flatten().tolist()) if flag == 0.0]
         where = f"the loss was non-finite on rank(s) {culprits}" if culprits else "every rank's loss was finite"
         raise FloatingPointError(f"step {step}, epoch {epoch}: gradients are NaN/inf after the reduction; {where}. "

@@ -41,6 +41,24 @@ def test_shapes_on_one_process_match_lightning(tmp_path: Path, strategy: str) ->
     assert ours == lightning
 
 
+class SubgroupCollective(BoringModel):
+    def on_train_start(self) -> None:
+        subgroup = torch.distributed.new_group([0])
+        try:
+            self.trainer.strategy.reduce(torch.ones(1), group=subgroup)
+        except ValueError as error:
+            self.refused = str(error)
+        self.world_ok = float(self.trainer.strategy.reduce(torch.ones(1), group=torch.distributed.group.WORLD))
+
+
+def test_only_the_default_group_is_accepted(tmp_path: Path) -> None:
+    """Our hang guard expects every rank in every collective, so a subgroup is refused, not run."""
+    model = SubgroupCollective()
+    Trainer(default_root_dir=tmp_path, max_steps=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+            enable_checkpointing=False, accelerator="cpu", devices=1, strategy="ddp").fit(model)
+    assert "a subgroup is not supported" in model.refused and model.world_ok == 1.0
+
+
 def test_a_reduction_in_the_groups_place_is_refused_naming_the_fix(tmp_path: Path) -> None:
     trainer = Trainer(default_root_dir=tmp_path, accelerator="cpu", devices=1)
     with pytest.raises(TypeError, match=r"reduce\(tensor, reduce_op='sum'\)"):

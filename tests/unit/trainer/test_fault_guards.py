@@ -11,7 +11,7 @@ import torch
 
 from tests.helpers.models import RegressionData, TinyRegressor
 from trainer import Trainer
-from trainer.callbacks import DivergenceGuard, ModelCheckpoint
+from trainer.callbacks import Callback, DivergenceGuard, ModelCheckpoint
 
 
 class NaNAtStep(TinyRegressor):
@@ -63,6 +63,25 @@ def test_a_single_nonfinite_gradient_is_found(tmp_path: Path, strategy: str, rep
     a NaN in one element, or a gradient the user replaced (no longer in a bucket), is still found."""
     with pytest.raises(FloatingPointError, match=r"step 2, epoch 0: .*every rank's loss was finite"):
         _trainer(tmp_path, strategy=strategy, devices=1).fit(NaNInOneGradient(replace), datamodule=RegressionData())
+
+
+class BucketsHoldTheGradients(Callback):
+    """Right before each optimizer step (after the non-finite check): do the strategy's flat buffers stand
+    for the optimizer's gradients?"""
+
+    def __init__(self) -> None:
+        self.answers: list[bool] = []
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        self.answers.append(trainer.strategy.gradient_buffers(grads) is not None)
+
+
+@pytest.mark.parametrize(("strategy", "expected"), [("ddp", True), ("auto", False)])
+def test_the_check_reads_the_buckets_under_our_ddp(tmp_path: Path, strategy: str, expected: bool) -> None:
+    spy = BucketsHoldTheGradients()
+    _trainer(tmp_path, strategy=strategy, devices=1, callbacks=[spy]).fit(TinyRegressor(), datamodule=RegressionData())
+    assert spy.answers and set(spy.answers) == {expected}
 
 
 def test_divergence_guard_passes_on_one_process(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ NAN, INF = float("nan"), float("inf")
 
 
 def _trainer() -> Any:
-    strategy = SimpleNamespace(root_device=torch.device("cpu"), all_gather=lambda tensor: tensor.reshape(1, -1))
+    strategy = SimpleNamespace(root_device=torch.device("cpu"), all_gather_ranks=lambda tensor: tensor.reshape(1, -1))
     return SimpleNamespace(strategy=strategy)
 
 
