@@ -67,6 +67,8 @@ SCRIPT = textwrap.dedent("""
                           enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
                           default_root_dir=OUT)
         trainer.fit(Gathering())
+        if torch.distributed.is_initialized():  # Lightning's ranks keep their group; gloo may abort at exit without this
+            torch.distributed.destroy_process_group()
 """)
 
 
