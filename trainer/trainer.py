@@ -32,7 +32,7 @@ from trainer.loggers.base import DummyLogger, is_logger
 from trainer.optimizers import LRSchedulerConfig
 from trainer.profiler import is_profiling, resolve_profiler
 from trainer.precision import Precision, normalize_precision
-from trainer.loops.fit_loop import effective_max_epochs, settle_max_epochs
+from trainer.loops.fit_loop import effective_max_epochs, settle_max_epochs, validation_every
 from trainer.loops.nonfinite import NonFiniteWatch
 from trainer.loops.prediction_run import PredictionRun
 from trainer.run import run_stage
@@ -498,6 +498,12 @@ class Trainer:
     def progress_bar_callback(self) -> Any:
         found = [c for c in self.callbacks if is_progress_bar(c)]
         return found[0] if found else None
+
+    @property
+    def val_check_batch(self) -> int | float:
+        """Training batches between validations, from `val_check_interval` and the epoch's length (Lightning's
+        attribute; inf when a fraction of an epoch meets a loader without a length)."""
+        return validation_every(self)
 
     @property
     def num_val_batches(self) -> list[int | float]:

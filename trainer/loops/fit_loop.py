@@ -249,15 +249,25 @@ def _should_validate(trainer: Trainer, batch_idx: int, module: nn.Module, epoch_
 def _validation_due(trainer: Trainer, batch_idx: int, epoch_ended: bool) -> bool:
     if trainer.should_stop and _can_stop_early(trainer):
         return True
-    total = trainer.num_training_batches
-    interval = trainer.val_check_interval
-    if total == float("inf"):
-        if isinstance(interval, int):
-            return (batch_idx + 1) % interval == 0
+    total, interval, every = trainer.num_training_batches, trainer.val_check_interval, validation_every(trainer)
+    if every == float("inf"):
         return epoch_ended
-    every = max(1, int(total * interval)) if isinstance(interval, float) else int(interval)
+    if total == float("inf"):
+        return (batch_idx + 1) % every == 0
     counter = batch_idx if trainer.check_val_every_n_epoch is not None else trainer.current_epoch * total + batch_idx
     return (counter + 1) % every == 0 or (batch_idx + 1 == total and isinstance(interval, float) and interval == 1.0)
+
+
+def validation_every(trainer: Trainer) -> int | float:
+    """Training batches between validations (Lightning's `trainer.val_check_batch`): an int interval as it
+    is, a fraction of the epoch's batches (at least 1), or inf for a fraction of a loader without a length
+    (validation then runs when its epoch ends)."""
+    interval, total = trainer.val_check_interval, trainer.num_training_batches
+    if isinstance(interval, int):
+        return interval
+    if total == float("inf"):
+        return float("inf")
+    return max(1, int(total * interval))
 
 
 def _check_val_interval(trainer: Trainer) -> None:

@@ -190,3 +190,19 @@ def test_strict_loading_false_resumes_a_partial_checkpoint(tmp_path: Path, packa
     resumed = trainer_class(max_steps=4, **options)
     resumed.fit(Partial(), ckpt_path=str(tmp_path / "partial.ckpt"))
     assert resumed.global_step == 4
+
+
+@pytest.mark.parametrize("interval", [0.25, 3, 1.0])
+def test_val_check_batch_is_lightnings(tmp_path: Path, interval: Any) -> None:
+    """`trainer.val_check_batch`: the training batches between validations, as Lightning's Trainer reports it."""
+    pl = pytest.importorskip("pytorch_lightning")
+    from pytorch_lightning.demos.boring_classes import BoringModel
+
+    seen = []
+    for trainer_class in (pl.Trainer, Trainer):
+        trainer = trainer_class(default_root_dir=tmp_path, max_epochs=1, limit_train_batches=10, limit_val_batches=1,
+                                val_check_interval=interval, num_sanity_val_steps=0, logger=False,
+                                enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+        trainer.fit(BoringModel())
+        seen.append(trainer.val_check_batch)
+    assert seen[1] == seen[0] == {0.25: 2, 3: 3, 1.0: 10}[interval]
