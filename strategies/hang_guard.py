@@ -183,7 +183,7 @@ class HangGuard:
                 mine = LEDGER.report(self.rank, self._beat)
                 if mine.waiting_s is not None and mine.waiting_s >= self.mismatch_after:
                     verdict = self._diagnose(mine, self._read_peers())
-                    if verdict is not None:
+                    if verdict is not None and self._still_in(mine):
                         self._end_job(verdict)
             except (dist.DistError, ConnectionError):  # the store went away with the job: no say then
                 if self._stop.is_set():
@@ -245,6 +245,13 @@ class HangGuard:
                 return (f"{mine.describe()}, but {peer.describe()} and has not joined it for "
                         f"{mine.waiting_s:.0f} s (stall_timeout).")
         return None
+
+    def _still_in(self, mine: RankReport) -> bool:
+        """Whether this rank still waits in the collective `mine` describes. Reading the peers takes time,
+        in which the main thread may have left it and a peer may have finished the stage (on a busy machine
+        this thread runs late); a verdict from such a stale snapshot would end a healthy job."""
+        now = LEDGER.report(self.rank, self._beat)
+        return now.waiting_s is not None and (now.seq, now.op, now.stage) == (mine.seq, mine.op, mine.stage)
 
     def _silent_for(self, rank: int, peer: RankReport | None, now: float) -> float:
         beat = -1 if peer is None else peer.beat

@@ -9,7 +9,7 @@ import pytest
 import torch.distributed as dist
 
 from strategies import DDPStrategy
-from strategies.hang_guard import HangGuard, RankReport, main_thread_site
+from strategies.hang_guard import LEDGER, HangGuard, RankReport, main_thread_site
 
 
 def _guard(stall_timeout: float = 20.0) -> HangGuard:
@@ -39,6 +39,18 @@ def test_a_finished_peer_is_a_verdict_at_once() -> None:
     peer = RankReport(rank=1, beat=3, seq=4, op="barrier(teardown)", done=True)
     verdict = _guard()._diagnose(_waiting(0, 5, "all_reduce(sum)", 11.0), {1: peer})
     assert verdict is not None and "rank 1 has finished the stage after collective #4" in verdict
+
+
+def test_a_verdict_on_a_snapshot_this_rank_has_left_is_dropped() -> None:
+    """The race a busy machine showed: rank 1's watchdog took its snapshot in barrier #1, its main thread then
+    passed #1 and #2 and rank 0 finished the stage, and only then were the peers read."""
+    guard = _guard()
+    with LEDGER.collective("barrier(save_checkpoint)"):
+        mine = LEDGER.report(0, 1)
+        assert guard._still_in(mine)
+    with LEDGER.collective("barrier(teardown)"):
+        assert not guard._still_in(mine)  # moved on: whatever the peers say now, it is not about `mine`
+    assert not guard._still_in(mine)  # not waiting at all
 
 
 def test_a_peer_still_between_stages_is_busy_not_finished() -> None:
