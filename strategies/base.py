@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -47,8 +48,6 @@ def resolve_reduce_op(reduce_op: Any) -> ReduceOp:
     or torch's `ReduceOp.SUM`/`AVG`/`MAX`/`MIN`) as one of ours."""
     if isinstance(reduce_op, str) and reduce_op.lower() in _REDUCE_OP_NAMES:
         return _REDUCE_OP_NAMES[reduce_op.lower()]  # type: ignore[return-value]
-    import torch.distributed as dist
-
     if dist.is_available():
         for name in ("sum", "avg", "max", "min"):
             if reduce_op == getattr(dist.ReduceOp, name.upper()):
@@ -68,8 +67,6 @@ def check_group(group: Any) -> None:
                         "group=None, reduce_op='mean')).")
     if group is None:
         return
-    import torch.distributed as dist
-
     if not dist.is_available() or group is not dist.group.WORLD:
         raise ValueError(f"group={group!r}: collectives run on every rank (group=None or "
                          "torch.distributed.group.WORLD); a subgroup is not supported by this strategy.")

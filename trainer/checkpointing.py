@@ -164,9 +164,9 @@ def check_checkpoint(checkpoint: dict[str, Any], path: str) -> None:
 
 def restore_module(module: Any, checkpoint: dict[str, Any], path: str) -> None:
     try:
-        # Lightning's `module.strict_loading` (None or True: strict) lets a module load a partial state
+        # Lightning's `module.strict_loading` (ours and Lightning's answer a bool) lets a module load a partial state
         module.load_state_dict(state_dict_for(module, checkpoint["state_dict"]),
-                               strict=getattr(module, "strict_loading", None) in (None, True))
+                               strict=bool(getattr(module, "strict_loading", True)))
     except RuntimeError as error:
         mismatch = describe_mismatch(module.state_dict(), checkpoint["state_dict"])
         raise CheckpointError(f"{path!r} does not fit {type(module).__name__} (a checkpoint of another model?): "

@@ -135,6 +135,15 @@ def resolve_profiler(profiler: Any) -> Any:
 
 
 def is_profiling(profiler: Any) -> bool:
-    """Whether actions are worth timing: our pass-through says no, so hook dispatch and batch fetching skip
-    even naming them (the few loop-level actions enter a shared no-op context: well under a microsecond)."""
+    """Whether actions are worth timing: our pass-through says no, so the training step skips even naming
+    them (the epoch and batch actions enter a shared no-op context)."""
     return bool(getattr(profiler, "enabled", True))
+
+
+def profile_strategy(trainer: Any, hook: str) -> contextlib.AbstractContextManager[None]:
+    """Time the strategy's `hook` (its steps, backward) as `[Strategy]Class.hook`, Lightning's name; with
+    no profiler, nothing is named or entered on the step's hot path."""
+    profiler = trainer.profiler
+    if not is_profiling(profiler):
+        return _NOTHING
+    return profiler.profile(f"[Strategy]{type(trainer.strategy).__name__}.{hook}")

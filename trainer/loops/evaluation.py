@@ -36,6 +36,7 @@ from trainer.loops.prediction_run import PredictionRun
 from trainer.loops.step_iterator import StepIterator, takes_dataloader_iter
 from trainer.loops.training_step import takes_batch_idx
 from trainer.module_adapter import set_current_hook
+from trainer.profiler import profile_strategy
 from trainer.seed import rng_states, restore_rng_states
 from trainer.state import EvalCount
 
@@ -312,8 +313,7 @@ def _step(trainer: Trainer, module: nn.Module, step_name: str, batch: Any, batch
     try:
         step = getattr(module, step_name)
         args = (batch, batch_idx, *extra) if takes_batch_idx(step) else (batch,)
-        with trainer.precision_plugin.autocast(), \
-                trainer.profiler.profile(f"[Strategy]{type(trainer.strategy).__name__}.{step_name}"):
+        with trainer.precision_plugin.autocast(), profile_strategy(trainer, step_name):
             return trainer.strategy.evaluation_step(module, step_name, *args)
     finally:
         set_current_hook(module, previous)

@@ -28,6 +28,7 @@ from torch import nn
 
 from strategies.rank_zero import rank_zero_warn
 from trainer.module_adapter import automatic_optimization, set_current_hook
+from trainer.profiler import profile_strategy
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -105,7 +106,7 @@ def backward(trainer: Trainer, module: nn.Module, loss: torch.Tensor, *args: Any
     callbacks, precision = trainer.callback_list, trainer.precision_plugin
     loss = precision.scale_loss(loss)
     callbacks.call("on_before_backward", trainer, module, loss)
-    with trainer.profiler.profile(f"[Strategy]{type(trainer.strategy).__name__}.backward"):
+    with profile_strategy(trainer, "backward"):
         trainer.strategy.backward(loss, run=lambda tensor: callbacks.call_module("backward", module, tensor,
                                                                                  *args, **kwargs))
     callbacks.call("on_after_backward", trainer, module)
@@ -114,8 +115,7 @@ def backward(trainer: Trainer, module: nn.Module, loss: torch.Tensor, *args: Any
 def training_step(trainer: Trainer, module: nn.Module, batch: Any, batch_idx: int) -> Any:
     previous = set_current_hook(module, "training_step")
     try:
-        with trainer.precision_plugin.autocast(), \
-                trainer.profiler.profile(f"[Strategy]{type(trainer.strategy).__name__}.training_step"):
+        with trainer.precision_plugin.autocast(), profile_strategy(trainer, "training_step"):
             args = (batch, batch_idx) if takes_batch_idx(module.training_step) else (batch,)
             return trainer.strategy.training_step(module, *args)
     finally:
