@@ -148,6 +148,11 @@ class DDPStrategy(Strategy):
     def world_size(self) -> int:
         return self.environment.world_size
 
+    @property
+    @override
+    def restart_count(self) -> int:
+        return self.environment.restart_count
+
     # ------------------------------------------------------------------ lifecycle
     @override
     def launch(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

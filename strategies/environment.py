@@ -5,8 +5,9 @@ initialises the process group (that is `process_group.py`). Values are read from
 `os.environ` on every access, so one object works in the parent before launch and in the
 worker after the launcher has set the variables.
 
-Detection order (`detect_environment`): our own launcher's workers, then torchrun/torch
-elastic, then SLURM (srun), then a plain local process.
+Detection order (`detect_environment`): the launching process while it is rank 0 of its own
+workers, our own launcher's workers, then torchrun/torch elastic, then SLURM (srun), then a
+plain local process.
 
 `check_launch_matches` is the pre-flight check: it compares the shape the launcher reports
 (processes in total, per node, nodes) with the Trainer's `devices`/`num_nodes` *before*
@@ -22,6 +23,7 @@ import socket
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from typing_extensions import override
 
 from strategies.rank_zero import rank_prefixed_message
@@ -104,6 +106,16 @@ class ClusterEnvironment(abc.ABC):
         """What the launcher says about the job's size (only the world size by default)."""
         return LaunchShape(type(self).__name__, self.world_size, f"world_size={self.world_size}")
 
+    @property
+    def restart_count(self) -> int:
+        """How often the launcher restarted the group after a failure (torch elastic's variable)."""
+        return _env_int("TORCHELASTIC_RESTART_COUNT", 0)
+
+    def rendezvous_store(self) -> dist.Store | None:
+        """A store this process already holds for the group's rendezvous; None: the launcher's
+        variables say where it is (env://, or torch elastic's agent store)."""
+        return None
+
 
 class TorchElasticEnvironment(ClusterEnvironment):
     """torchrun / torch elastic: every variable is set per worker by the elastic agent."""
@@ -183,6 +195,60 @@ class LocalEnvironment(ClusterEnvironment):
                 sock.bind(("127.0.0.1", 0))
                 self._port = int(sock.getsockname()[1])
         return self._port
+
+
+class LaunchingProcessEnvironment(ClusterEnvironment):
+    """Global rank 0 of our own local launch, in the process that called `fit` (as in Lightning's
+    `ddp`): the user's objects there are the ones that run. Ranks 1..N-1 are the worker pool's
+    processes. The launcher installs it for the pool's life (`use_launching_process_rank`), so nothing
+    is written into the user's `os.environ`; the rendezvous store is the pool's own."""
+
+    creates_processes_externally = False
+
+    def __init__(self, world_size: int, store: dist.Store, restart_count: int = 0) -> None:
+        self._world_size, self._store, self._restart_count = world_size, store, restart_count
+
+    @classmethod
+    def detect(cls) -> bool:
+        return _LaunchingProcess.environment is not None
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def global_rank(self) -> int:
+        return 0
+
+    @property
+    def local_rank(self) -> int:
+        return 0
+
+    @property
+    def node_rank(self) -> int:
+        return 0
+
+    @property
+    def main_port(self) -> int:
+        return int(self._store.port)  # type: ignore[attr-defined]
+
+    @property
+    def restart_count(self) -> int:
+        return self._restart_count
+
+    @override
+    def rendezvous_store(self) -> dist.Store:
+        # The workers join under the same prefix (process_group._attempt_store): one per attempt.
+        return dist.PrefixStore(f"ddp_trainer/attempt_{self._restart_count}", self._store)
+
+
+class _LaunchingProcess:
+    environment: LaunchingProcessEnvironment | None = None
+
+
+def use_launching_process_rank(environment: LaunchingProcessEnvironment | None) -> None:
+    """Make this process global rank 0 of a local launch (None: no longer)."""
+    _LaunchingProcess.environment = environment
 
 
 class SLURMEnvironment(ClusterEnvironment):
@@ -347,12 +413,15 @@ def processes_launched_externally() -> bool:
 
 def processes_outlive_stages() -> bool:
     """True when this process is a rank that lives on for the next stage: one started by torchrun
-    or srun, or one of our own local workers (strategies/worker.py)."""
-    return LocalEnvironment.detect() or processes_launched_externally()
+    or srun, one of our own local workers (strategies/worker.py), or the launching process while
+    its workers wait for the next stage."""
+    return LocalEnvironment.detect() or LaunchingProcessEnvironment.detect() or processes_launched_externally()
 
 
 def detect_environment(default_world_size: int = 1) -> ClusterEnvironment:
     """The environment describing this process (see the module docstring for the order)."""
+    if _LaunchingProcess.environment is not None:
+        return _LaunchingProcess.environment
     if LocalEnvironment.detect():
         return LocalEnvironment(default_world_size)
     if TorchElasticEnvironment.detect():

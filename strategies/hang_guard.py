@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -87,7 +87,24 @@ class CollectiveLedger:
         self.waiting_since: float | None = None
         self.local_work: str | None = None
         self.stage = 0
+        self.fits = 0
         self.guard: HangGuard | None = None
+        # How a verdict ends this process's stage when the process must survive it (the launching
+        # process is rank 0): None means exit, as a worker or a torchrun rank does.
+        self.end_stage: Callable[[str], None] | None = None
+        # Why this process's stage was given up while it may still wait for peers (a worker died);
+        # a wait this process polls itself (the shared-memory all-reduce) stops at its next look.
+        self.aborted: str | None = None
+
+    def new_group(self) -> None:
+        """A process group was just created: every rank of it counts from zero (the launching process
+        may have counted a previous pool's collectives, which a fresh worker never saw)."""
+        self.seq, self.op, self.stage, self.fits, self.aborted = 0, "", 0, 0, None
+
+    def next_fit(self) -> int:
+        """The number of this fit in the current group, the same on every rank."""
+        self.fits += 1
+        return self.fits
 
     def begin(self, op: str, *tensors: torch.Tensor) -> int:
         """Count one collective about to be issued; in debug mode check it against every rank first."""
@@ -267,6 +284,11 @@ class HangGuard:
             f"one rank only, rank-dependent control flow) blocks the others. Rerun with "
             f"DDPStrategy(debug_collectives=True) to name the first collective that differs; raise "
             f"DDPStrategy(stall_timeout=...) if a rank is legitimately busy that long.", self.rank)
+        if LEDGER.end_stage is not None:  # this process lives on: its stage fails instead
+            print(message, file=sys.stderr, flush=True)
+            self._stop.set()
+            LEDGER.end_stage(message)
+            return
         record_failure(HangDetectedError(message))
         os._exit(HANG_EXIT_CODE)  # the main thread is blocked inside the backend and cannot be woken
 
@@ -365,10 +387,10 @@ def record_failure(error: BaseException) -> None:
             ErrorHandler().record_exception(raised)
 
 
-def write_failure_stamp(failures_dir: Path, text: str) -> None:
+def write_failure_stamp(failures_dir: Path, text: str, rank: int | None = None) -> None:
     """One rank's failure with a precise time: the peers' errors it causes come later, so the
     first stamp of a rank is kept (a later error of the same rank is a consequence)."""
-    path = Path(failures_dir, f"{os.environ.get('RANK', '0')}.json")
+    path = Path(failures_dir, f"{os.environ.get('RANK', '0') if rank is None else rank}.json")
     if path.exists():
         return
     stamp = {"time_ns": time.time_ns(), "traceback": text}

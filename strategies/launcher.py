@@ -1,10 +1,15 @@
-"""Run a function on every rank: in this process when the ranks already exist (torchrun,
-srun) or there is only one, else on local workers that live across stages.
+"""Run a function on every rank: in this process alone when the ranks already exist (torchrun,
+srun) or there is only one; else this process is global rank 0, as in Lightning's `ddp`, and
+ranks 1..N-1 are local workers that live across stages.
 
-The first launch of a strategy starts its `WorkerPool` (strategies/worker_pool.py); later
-launches of the same strategy (validate, test or predict after fit) reuse those workers and
-their process group. A process keeps at most one pool: a launch by another strategy stops the
-previous one. A failure ends the pool and raises `WorkerFailedError` naming the rank; with
+Rank 0 running in the calling process means the objects the user holds (module, callbacks,
+loggers, trainer) are the ones that ran: nothing comes back, nothing is copied. The workers get a
+copy of the work at each stage's start. The first launch of a strategy starts its `WorkerPool`
+(strategies/worker_pool.py); later launches of the same strategy (validate, test or predict after
+fit) reuse those workers and this process's end of their process group. A process keeps at most
+one pool: a launch by another strategy stops the previous one. A worker's failure ends the pool
+and raises `WorkerFailedError` naming the rank (rank 0's own exception goes on as it is, after the
+workers are stopped); this process survives either and the next stage starts a fresh pool. With
 `max_restarts=K` a fresh pool runs the same work again, up to K times (the restarted stage sees
 `restart_count` > 0, and a fit resumes from its newest checkpoint). Restarts default to 0: a
 restart would silently mask a crash.
@@ -29,9 +34,12 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 import torch
 
+from strategies import process_group
+from strategies.environment import LaunchingProcessEnvironment, use_launching_process_rank
+from strategies.hang_guard import LEDGER
 from strategies.notice_signals import replace_handlers
 from strategies.preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionPolicy
-from strategies.worker import finish
+from strategies.worker import cpu_threads_per_rank, finish
 from strategies.worker_pool import WorkerFailedError, WorkerPool
 
 if TYPE_CHECKING:
@@ -51,37 +59,37 @@ def launch(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...], kw
            nprocs: int, in_place: bool, max_restarts: int = 0, start_method: str = "forkserver") -> Any:
     """Run `fn(*args, **kwargs)` on every rank and return global rank 0's result.
 
-    `in_place` means this process already is a rank (torchrun/srun, or a world of one).
-    `start_method` is how local workers start: "forkserver" (where possible) or "spawn".
+    `in_place` means this process already is the only rank of its own (torchrun/srun, or a world
+    of one). Otherwise this process is global rank 0, running `fn` on the objects it was given, and
+    ranks 1..`nprocs`-1 run on copies in local workers started with `start_method` ("forkserver"
+    where possible, or "spawn").
     """
     if in_place:
-        strategy.setup_environment()
-        try:
-            result = fn(*args, **kwargs)
-        except BaseException:
-            strategy.teardown()  # this process lives on (a notebook, a test): release the group
-            raise
-        finish(strategy)
-        return result
+        return run_here(strategy, fn, args, kwargs)
     with tempfile.TemporaryDirectory(prefix="ddp-trainer-stage-") as stage_dir:
         payload_path = Path(stage_dir, "payload.pt")
-        _serialize(strategy, fn, args, kwargs, payload_path)
+        _serialize(strategy, fn, args, kwargs, payload_path)  # before rank 0 changes anything
         for restart in range(max_restarts + 1):
             pool = _pool_for(strategy, nprocs, start_method)
             policy = strategy.preemption
             try:
-                with forward_notices(pool, policy) as notice:
-                    result = pickle.loads(pool.run(str(payload_path), restart_count=restart,
-                                                   notice_signals=policy.signals))
+                with forward_notices(pool, policy) as notice, _rank_zero_of(pool, restart):
+                    result = pool.run(str(payload_path), lambda: _preempted_as_result(strategy, fn, args, kwargs),
+                                      restart_count=restart, notice_signals=policy.signals)
             except WorkerFailedError as failure:
-                _ActivePool.pool = _ActivePool.owner = None  # the pool closed itself
+                _forget_pool()  # the pool closed itself
                 _after_failure(failure, notice, last_attempt=restart == max_restarts)
                 warnings.warn(f"restarting the workers ({restart + 1} of {max_restarts}) after: {failure}",
                               RuntimeWarning, stacklevel=2)
                 continue
+            except BaseException:
+                _forget_pool()  # rank 0's own error (or Ctrl-C): the pool closed itself
+                raise
             if isinstance(result, Preempted):
-                if notice.received or restart == max_restarts:
-                    raise result  # the whole job is going away (or no restart is left): exit 75
+                # A notice to this process (rank 0 caught it itself, or it came outside the fit) means
+                # the whole job is going away: no restart then.
+                if notice.received or result.received_here or restart == max_restarts:
+                    raise result  # exit 75 unless the script catches it
                 warnings.warn(f"restarting the workers ({restart + 1} of {max_restarts}) after a worker was {result}",
                               RuntimeWarning, stacklevel=2)
                 continue
@@ -91,6 +99,48 @@ def launch(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...], kw
                               "scheduler stops it.", RuntimeWarning, stacklevel=2)
             return result
     raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def run_here(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """This process's rank: join the group, run the work, and leave together with the other ranks
+    (a preempted stage too: every rank stops after the same step). On a failure nothing waits for
+    the peers, and what the stage attached here (the reducer's hooks on the user's module, the hang
+    guard) is released: this process lives on (a notebook, a test, the caller's script)."""
+    strategy.setup_environment()
+    try:
+        result = fn(*args, **kwargs)
+    except Preempted:
+        finish(strategy)
+        raise
+    except BaseException:
+        strategy.teardown()
+        raise
+    finish(strategy)
+    return result
+
+
+def _preempted_as_result(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...],
+                         kwargs: dict[str, Any]) -> Any:
+    try:
+        return run_here(strategy, fn, args, kwargs)
+    except Preempted as notice:  # the stage ended together on every rank: the pool stays usable
+        return notice
+
+
+@contextlib.contextmanager
+def _rank_zero_of(pool: WorkerPool, restart: int) -> Iterator[None]:
+    """For one stage, this process is global rank 0 of `pool`: its environment says so (nothing is
+    written to `os.environ`), it takes its share of the CPUs, and a hang-guard verdict here ends the
+    stage (the workers are killed, the stage raises) instead of the process."""
+    use_launching_process_rank(LaunchingProcessEnvironment(pool.nprocs, pool.store, restart))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cpu_threads_per_rank(pool.nprocs))
+    LEDGER.end_stage = lambda message: pool.fail_stage(0, message)
+    try:
+        yield
+    finally:
+        LEDGER.end_stage = None
+        torch.set_num_threads(threads)
 
 
 class _Notice:
@@ -129,12 +179,21 @@ def forward_notices(pool: WorkerPool, policy: PreemptionPolicy) -> Iterator[_Not
 
 
 def stop_workers(strategy: Strategy | None = None) -> None:
-    """Stop the pool kept for `strategy` (any pool when None); nothing happens if there is none."""
+    """Stop the pool kept for `strategy` (any pool when None); nothing happens if there is none.
+    This process stops being rank 0 of it: its end of the process group goes too."""
     pool, owner = _ActivePool.pool, _ActivePool.owner
     if pool is None or (strategy is not None and (owner is None or owner() is not strategy)):
         return
-    _ActivePool.pool = _ActivePool.owner = None
+    _forget_pool()
+    process_group.destroy_process_group()  # after the workers left it, so nobody waits on a peer
     pool.close()
+
+
+def _forget_pool() -> None:
+    """No pool any more: this process is no rank of one, and holds no group with it."""
+    _ActivePool.pool = _ActivePool.owner = None
+    use_launching_process_rank(None)
+    process_group.abort_or_destroy()
 
 
 def _pool_for(strategy: Strategy, nprocs: int, start_method: str) -> WorkerPool:
@@ -145,7 +204,7 @@ def _pool_for(strategy: Strategy, nprocs: int, start_method: str) -> WorkerPool:
     if same:
         return pool  # type: ignore[return-value]
     stop_workers()
-    pool = WorkerPool(nprocs, start_method)
+    pool = WorkerPool(nprocs, start_method)  # ranks 1..nprocs-1; this process is rank 0
     _ActivePool.pool, _ActivePool.owner = pool, weakref.ref(strategy, _owner_gone)
     return pool
 

@@ -12,12 +12,12 @@ deadline), `stop_agreement` (the step every rank stops after) and `slurm_requeue
 
 from __future__ import annotations
 
-import itertools
 import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from strategies.hang_guard import LEDGER
 from strategies.notice_signals import EXIT_CODE, GraceDeadline, SignalFlag
 from strategies.slurm_requeue import requeue_slurm_job, slurm_job_id
 from strategies.stop_agreement import StopAgreement, reads_every
@@ -27,13 +27,12 @@ DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR1")  # Kubernetes / elastic / SLURM's end; 
 REQUEUE_CHOICES = ("auto", True, False)
 _UNCATCHABLE = ("SIGKILL", "SIGSTOP")
 _KEY_PREFIX = "ddp_trainer/preemption"
-_FITS_IN_THIS_PROCESS = itertools.count(1)  # every rank counts its fits alike
 
 
 def next_fit_key(restart_count: int) -> str:
     """A store key for one fit's agreement, the same on every rank and new for each fit (a fit after a
-    preempted one must not read its stop step)."""
-    return f"{_KEY_PREFIX}/restart-{restart_count}/fit-{next(_FITS_IN_THIS_PROCESS)}"
+    preempted one must not read its stop step): every rank counts the fits of its current group."""
+    return f"{_KEY_PREFIX}/restart-{restart_count}/fit-{LEDGER.next_fit()}"
 
 
 @dataclass(frozen=True)
@@ -111,13 +110,15 @@ class Preempted(SystemExit):
     process exits with PREEMPTED_EXIT_CODE unless caught. A SystemExit, as Lightning's
     SIGTERMException is, so a script ends without a traceback."""
 
-    def __init__(self, step: int | None, signal_name: str, checkpoint_path: str | None, requeued: bool = False) -> None:
+    def __init__(self, step: int | None, signal_name: str, checkpoint_path: str | None, requeued: bool = False,
+                 received_here: bool = False) -> None:
         super().__init__(PREEMPTED_EXIT_CODE)
         self.step, self.signal_name = step, signal_name
         self.checkpoint_path, self.requeued = checkpoint_path, requeued
+        self.received_here = received_here  # this process got the notice itself (not only from a peer)
 
-    def __reduce__(self) -> Any:  # travels from a worker to the launching process
-        return (type(self), (self.step, self.signal_name, self.checkpoint_path, self.requeued))
+    def __reduce__(self) -> Any:  # pickled with a stage's result, e.g. by a test's script
+        return (type(self), (self.step, self.signal_name, self.checkpoint_path, self.requeued, self.received_here))
 
     def __str__(self) -> str:
         saved = (f"checkpoint {self.checkpoint_path}" if self.checkpoint_path
@@ -178,4 +179,4 @@ class PreemptionWatch:
         from rank 0 when due, stop the deadline, and return the exception every rank raises."""
         self.deadline.disarm()
         requeued = self.global_rank == 0 and self.policy.should_requeue() and requeue_slurm_job()
-        return Preempted(step, self.signal_name, checkpoint_path, requeued)
+        return Preempted(step, self.signal_name, checkpoint_path, requeued, received_here=self.flag.received is not None)

@@ -8,6 +8,7 @@ the environment object and remove them again on destroy, so nothing leaks into t
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 from datetime import timedelta
@@ -16,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from strategies.environment import ClusterEnvironment
+from strategies.hang_guard import LEDGER
 from strategies.rank_zero import rank_prefixed_message
 
 KNOWN_BACKENDS = ("gloo", "nccl", "mpi", "ucc")
@@ -65,7 +67,7 @@ def init_process_group(environment: ClusterEnvironment, *, backend: str, device:
         return False
     _export_rendezvous_address(environment)
     try:
-        store = _attempt_store(environment, timeout)
+        store = environment.rendezvous_store() or _attempt_store(environment, timeout)
         if store is None:
             dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world_size,
                                     timeout=timeout)
@@ -74,6 +76,7 @@ def init_process_group(environment: ClusterEnvironment, *, backend: str, device:
         # Gloo's init returns on a rank once *its* connections are up; without this barrier a
         # fast rank could finish and close them while a peer is still connecting.
         dist.barrier(device_ids=[device.index or 0] if device.type == "cuda" else None)
+        LEDGER.new_group()  # every rank counts this group's collectives and stages from zero
     except (RuntimeError, ValueError, TimeoutError) as error:
         destroy_process_group()  # half-initialised (the barrier failed) or not at all: leave nothing
         raise RuntimeError(rank_prefixed_message(
@@ -112,6 +115,18 @@ def _attempt_store(environment: ClusterEnvironment, timeout: timedelta) -> dist.
 def _first_line(error: BaseException) -> str:
     """torch appends a C++ stack trace to some messages; the first line is the diagnosis."""
     return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
+def abort_or_destroy() -> None:
+    """Leave the default group after a stage failed (its peers were killed or left): NCCL's
+    communicators are aborted first, since a destroy would wait for work dead peers never finish;
+    gloo's connections just close."""
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+        with contextlib.suppress(Exception):
+            dist.distributed_c10d._abort_process_group()
+    with contextlib.suppress(Exception):
+        destroy_process_group()
+    _forget_rendezvous_address()
 
 
 def destroy_process_group() -> None:

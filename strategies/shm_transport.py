@@ -255,6 +255,9 @@ class SharedMemoryAllReduce:
                                f"says why); rank {self.rank} stopped waiting for it to {stage}.")
         if self._closed:
             raise RuntimeError("the shared-memory all-reduce was closed while it waited.")
+        if LEDGER.aborted is not None:
+            raise RuntimeError(f"rank {self.rank} stopped waiting for rank {peer} in shared-memory all-reduce round "
+                               f"{generation}: the stage was given up ({LEDGER.aborted}).")
         if waited > self._timeout_s:
             raise SharedMemoryTimeout(
                 f"rank {self.rank} waited {waited:.0f} s for rank {peer} to {stage} in shared-memory "

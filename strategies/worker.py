@@ -55,6 +55,7 @@ class WorkerSpec:
     store_port: int  # the launching process's TCPStore: the group's rendezvous
     failures_dir: str
     start_method: str
+    user_start_method: str | None = None  # the launching process's choice for processes a rank starts
 
 
 @dataclass(frozen=True)
@@ -75,9 +76,16 @@ STOP = "stop"  # the message that ends a worker's loop
 
 def worker_main(spec: WorkerSpec, connection: Connection) -> None:
     """Entry point of every local worker (module level, so a spawned process imports it by name)."""
+    # A terminal's Ctrl-C goes to its foreground process group: rank 0 (the launching process) takes
+    # it, shuts down gracefully and stops the workers; a worker interrupted on its own would leave
+    # rank 0 waiting for it in a collective.
+    os.setpgrp()
     obey_stop_signals()
     stop_when_the_launcher_dies()
     _export_rank_variables(spec)
+    # A DataLoader's workers inside this rank start as the user's would in the launching process
+    # (the platform's default unless the user chose), not as this process was started.
+    multiprocessing.set_start_method(spec.user_start_method, force=True)
     # A rank killed by a C++ abort (gloo on mismatched collectives) leaves its Python stack here.
     faulthandler.enable(file=open(Path(spec.failures_dir, f"{spec.local_rank}.fault"), "w"))  # noqa: SIM115
     split_cpu_threads(spec.world_size)
@@ -117,20 +125,19 @@ def _next_order(connection: Connection) -> Order | None:
 
 
 def _run_order(order: Order) -> bytes:
-    """Run one stage; global rank 0 answers with its pickled result, the others with b"". A stage
-    that every rank left preempted (after its checkpoint) answers with the `Preempted` notice."""
+    """Run one stage and answer that it is done (rank 0, the launching process, has the result). A
+    stage that every rank left preempted, after its checkpoint, is done too."""
     _apply_launcher_state(order)
     hold_notices(order.notice_signals)  # from now on: a forwarded notice never kills this worker
     forget_held_notices()
     strategy, fn, args, kwargs = load_work(order.payload_path)
     strategy.setup_environment()
     try:
-        result = fn(*args, **kwargs)
-    except Preempted as notice:
-        result = notice
+        fn(*args, **kwargs)
+    except Preempted:
+        pass
     finish(strategy)
-    answer = cloudpickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL) if strategy.global_rank == 0 else b""
-    return answer
+    return b"done"
 
 
 def _apply_launcher_state(order: Order) -> None:
@@ -175,13 +182,17 @@ def finish(strategy: Strategy) -> None:
 
 def split_cpu_threads(local_world_size: int) -> None:
     """Give each local rank its share of the CPUs, so N ranks do not oversubscribe N x cores."""
-    if "OMP_NUM_THREADS" in os.environ:  # the user (or our parent) already decided
-        threads = max(1, int(os.environ["OMP_NUM_THREADS"]))
-    else:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        threads = max(1, cpus // max(1, local_world_size))
-        os.environ["OMP_NUM_THREADS"] = str(threads)
+    threads = cpu_threads_per_rank(local_world_size)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
     torch.set_num_threads(threads)
+
+
+def cpu_threads_per_rank(local_world_size: int) -> int:
+    """A local rank's share of the CPUs, unless the user decided (OMP_NUM_THREADS)."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cpus // max(1, local_world_size))
 
 
 def obey_stop_signals() -> None:

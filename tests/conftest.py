@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
+from strategies import launcher
+
 from strategies.environment import LOCAL_LAUNCH_MARKER
 from strategies.hang_guard import FAILURES_DIR_VARIABLE
 
@@ -46,6 +48,9 @@ def leaves_nothing_behind(request: pytest.FixtureRequest) -> Iterator[None]:
     files_before = set(os.listdir(cwd))
     yield
     problems = []
+    # Workers a test's Trainer keeps for its next stage (and this process's end of their group, as
+    # their rank 0) belong to it: a script's end stops them; here the test's end does.
+    launcher.stop_workers()
     if dist.is_initialized():
         dist.destroy_process_group()
         problems.append("a process group (destroyed now)")

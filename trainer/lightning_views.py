@@ -78,6 +78,11 @@ class FitLoopView:
 
         return effective_max_epochs(self._trainer)
 
+    @max_epochs.setter
+    def max_epochs(self, value: int) -> None:
+        """Lightning's way to train on after a fit: `trainer.fit_loop.max_epochs = 10`, then fit again."""
+        self._trainer.max_epochs = _limit("max_epochs", value)
+
     @property
     def min_epochs(self) -> int | None:
         return self._trainer.min_epochs
@@ -85,6 +90,10 @@ class FitLoopView:
     @property
     def max_steps(self) -> int:
         return self._trainer.max_steps
+
+    @max_steps.setter
+    def max_steps(self, value: int) -> None:
+        self._trainer.max_steps = _limit("max_steps", value)
 
     @property
     def min_steps(self) -> int | None:
@@ -127,3 +136,10 @@ class PredictLoopView:
     @property
     def predictions(self) -> Any:
         return self._run.results() if self._run is not None else []
+
+
+def _limit(name: str, value: Any) -> int:
+    """A loop limit set on the fit loop: an int, -1 meaning none (Lightning's rule)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+        raise ValueError(f"fit_loop.{name}={value!r} must be an int >= -1 (-1: no limit).")
+    return value

@@ -243,12 +243,11 @@ class MetricStore:
                 entry.metric.reset()
 
     def clear_views(self) -> None:
-        """Empty the three metrics dicts and the logger queue (a new stage starts, or the sanity
-        check ended: Lightning keeps nothing of it)."""
-        self.callback_metrics.clear()
-        self._progress_bar_metrics.clear()
+        """Start the three metrics dicts afresh and empty the logger queue (a new stage starts, or the
+        sanity check ended: Lightning keeps nothing of it). New dicts, as Lightning's: a user who kept
+        `trainer.callback_metrics` from `fit()` still reads the fit's values after `test()`."""
+        self.callback_metrics, self.logged_metrics, self._progress_bar_metrics = {}, {}, {}
         self._unread_bar.clear()
-        self.logged_metrics.clear()
         self._step_logs.clear()
         self._eval_step_logs.clear()
         self._pending_steps.clear()

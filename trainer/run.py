@@ -1,7 +1,8 @@
 """What every worker runs for one stage: attach, set up data and model, loop, tear down.
 
-`run_stage` is the function `Trainer` hands to `strategy.launch`; it returns global rank 0's
-`StageResult` so the launching process can adopt the outcome. The order of the set-up hooks is
+`run_stage` is the function `Trainer` hands to `strategy.launch`. Global rank 0 runs it in the
+calling process, on the user's own objects (so they hold what ran, as under Lightning's `ddp`);
+other ranks run it on copies in their workers. The order of the set-up hooks is
 Lightning's: configure_callbacks, prepare_data, the loggers' experiments, setup (DataModule,
 callbacks, module), configure_model, the checkpoint's weights, datamodule and callback states,
 configure_optimizers, on_fit_start, then the checkpoint's training state (optimizers, schedulers,
@@ -22,17 +23,16 @@ from strategies.checkpoint_io import CheckpointError, UntrustedCheckpointError
 from strategies.rank_zero import rank_zero_warn
 from trainer import checkpointing
 from trainer.callbacks.dispatch import adopt_callback, checkpoints_last
-from trainer.compiled import compiled_steps, plain_state_dict
+from trainer.compiled import compiled_steps
 from trainer.data_sources import overrides
 from trainer.loops.evaluation import has_step, print_results, run_evaluation, run_predict
 from trainer.loops.fit_loop import run_fit
 from trainer.loops.preemption import default_resume_candidates, discard_if_consumed, preemption_checkpoint_path
 from trainer.loops.training_step import backward
-from trainer.module_adapter import align_lightning_rank, attach, automatic_optimization, check_module, detach
+from trainer.module_adapter import align_lightning_rank, attach, automatic_optimization, check_module
 from trainer.optimizers import ManualOptimizer, NoOptimizer, check_schedulers, init_optimizers
 from trainer.profiler import is_profiling
-from trainer.seed import SEED_ENV, seed_everything
-from trainer.stage_result import StageResult
+from trainer.seed import reset_seed
 from trainer.validation import apply_backend_flags
 
 if TYPE_CHECKING:
@@ -44,10 +44,10 @@ _RUNNING_STAGE = {"fit": "train", "validate": "validate", "test": "test", "predi
 
 def run_stage(trainer: Trainer, stage: str, model: nn.Module, data: dict[str, Any]) -> Any:
     check_module(model, stage)
-    launcher_pid = data.pop("launcher_pid", None)
-    if launcher_pid != os.getpid():
-        _reseed_worker()
+    if data.pop("launcher_pid", None) != os.getpid():  # a worker's copy: the caller's backend flags
         apply_backend_flags(trainer.deterministic, trainer.benchmark)
+    if trainer.world_size > 1:
+        reset_seed()  # on every rank, the launching process's too, as Lightning's DDP does
     trainer.lightning_module, trainer.datamodule = model, data.get("datamodule")
     align_lightning_rank(trainer.global_rank)
     trainer.state.fn, trainer.state.stage = stage, _RUNNING_STAGE[stage]
@@ -61,36 +61,22 @@ def run_stage(trainer: Trainer, stage: str, model: nn.Module, data: dict[str, An
     _add_module_callbacks(trainer, model)
     trainer.profiler.setup(stage=stage, local_rank=trainer.local_rank if trainer.world_size > 1 else None,
                            log_dir=trainer.log_dir if is_profiling(trainer.profiler) else None)
-    interrupted = False
     try:
-        output = _run(trainer, stage, model, data)
+        return _run(trainer, stage, model, data)
     except KeyboardInterrupt as error:
-        interrupted, output = True, None
         rank_zero_warn("Trainer stopped by KeyboardInterrupt (Ctrl-C); the model keeps the weights it had then.")
         _on_exception(trainer, model, error)
+        raise
     except BaseException as error:
         _on_exception(trainer, model, error)
         raise
-    finally:
-        detach(model)
+    finally:  # the module stays attached to this trainer afterwards (`model.trainer`), as in Lightning
         trainer.strategy.outside_backward = None  # it holds this run's module (and could not be pickled)
         trainer.callback_list.take_back_logging()
         if trainer.datamodule is not None:
             trainer.datamodule.trainer = None
         trainer.state.stage = None
         _report_profile(trainer, stage)
-    result = StageResult(pid=os.getpid(), output=output, interrupted=interrupted)
-    if launcher_pid != os.getpid():  # the launching process adopts rank 0's outcome
-        result.loop_state = trainer.loop_state.state_dict()
-        result.callback_states = trainer.callback_list.state_dict()
-        result.callback_metrics = {k: _on_cpu(v) for k, v in trainer.callback_metrics.items()}
-        result.logged_metrics = {k: _on_cpu(v) for k, v in trainer.logged_metrics.items()}
-        result.progress_bar_metrics = dict(trainer.progress_bar_metrics)
-        result.ckpt_path = trainer.ckpt_path
-        if stage == "fit":  # only fit changes the weights (Lightning's spawn launcher returns them after fit only)
-            state = plain_state_dict(trainer.strategy.unwrap(model).state_dict())
-            result.state_dict = {k: v.detach().cpu() for k, v in state.items()}
-    return result
 
 
 def _report_profile(trainer: Trainer, stage: str) -> None:
@@ -113,10 +99,6 @@ def _on_exception(trainer: Trainer, model: nn.Module, error: BaseException) -> N
     _finalize_loggers(trainer, "failed")
 
 
-def _on_cpu(value: Any) -> Any:
-    return value.detach().cpu() if isinstance(value, torch.Tensor) else value
-
-
 def _add_module_callbacks(trainer: Trainer, model: nn.Module) -> None:
     """`configure_callbacks()` of the module: each replaces the Trainer's callbacks of its type
     (Lightning's rule), the rest are added; checkpointing stays last."""
@@ -137,13 +119,6 @@ def _create_experiments(trainer: Trainer) -> None:
     for logger in trainer.loggers:
         if isinstance(getattr(type(logger), "experiment", None), property):
             _ = logger.experiment
-
-
-def _reseed_worker() -> None:
-    """A spawned worker starts with fresh RNGs: give it the seed the user set in the launching
-    process (as Lightning does), so dropout and shuffling are reproducible run to run."""
-    if SEED_ENV in os.environ:
-        seed_everything(int(os.environ[SEED_ENV]), workers=os.environ.get("PL_SEED_WORKERS") == "1")
 
 
 def _run(trainer: Trainer, stage: str, model: nn.Module, data: dict[str, Any]) -> Any:

@@ -29,6 +29,15 @@ def seed_everything(seed: int | None = None, workers: bool = False) -> int:
     return seed
 
 
+def reset_seed() -> None:
+    """Seed again with the seed `seed_everything` last set (in this process, or in the launching one:
+    the workers get its environment); nothing when none was set. Lightning's DDP does this on every
+    rank as each stage starts, so every stage of a seeded script starts from the same random state
+    on every rank, whatever the script drew before it."""
+    if SEED_ENV in os.environ:
+        seed_everything(int(os.environ[SEED_ENV]), workers=os.environ.get("PL_SEED_WORKERS") == "1")
+
+
 def rng_states(device_type: str = "cpu") -> dict[str, object]:
     """Every RNG state of this process, in checkpoint-safe (weights_only) form; on "cuda" also
     the generator of this process's own GPU (one device per process: the current one)."""

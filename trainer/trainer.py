@@ -1,9 +1,9 @@
 """Trainer: Lightning's arguments and entry points; the loops live in trainer/loops/.
 
-`fit`/`validate`/`test`/`predict` hand one function, `_run_stage`, to `strategy.launch`, which
-runs it in every worker process (or in this one). What rank 0 computed comes back and is
-applied to the caller's module and this Trainer, so after `fit` the model holds the trained
-weights, exactly as with a single process.
+`fit`/`validate`/`test`/`predict` hand one function, `run_stage`, to `strategy.launch`, which
+runs it here as global rank 0 (and on copies in the other ranks' workers), so after any stage
+the module, callbacks, loggers and this Trainer are the objects that ran, exactly as with a
+single process or Lightning's `ddp`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from trainer.callbacks.dispatch import (CallbackList, adopt_callback, checkpoint
                                        is_early_stopping, is_model_summary, is_progress_bar)
 from trainer.checkpointing import build_checkpoint
 from trainer.combined_loader import CombinedLoader
-from trainer.compiled import state_dict_for, unwrap_compiled
+from trainer.compiled import unwrap_compiled
 from trainer.logged_metrics import MetricStore
 from trainer.data_sources import DataSources, is_datamodule
 from trainer.lightning_views import FitLoopView, LoggerConnectorView, PredictLoopView
@@ -36,7 +36,6 @@ from trainer.loops.fit_loop import effective_max_epochs, settle_max_epochs, vali
 from trainer.loops.nonfinite import NonFiniteWatch
 from trainer.loops.prediction_run import PredictionRun
 from trainer.run import run_stage
-from trainer.stage_result import StageResult
 from trainer.state import LoopState, TrainerStatus
 from trainer.validation import apply_backend_flags, defaults_from_env, resolve_trainer_args
 
@@ -262,19 +261,21 @@ class Trainer:
         data = {**data, "launcher_pid": os.getpid()}
         self.state.status = "running"
         try:
-            result: StageResult = self.strategy.launch(run_stage, self, stage, model, data)
+            output = self.strategy.launch(run_stage, self, stage, model, data)
+        except KeyboardInterrupt:  # Ctrl-C: after the graceful shutdown the script ends, as under Lightning
+            self._stage_ended(stage, model, "interrupted")
+            raise SystemExit(1) from None
         except BaseException:
             self.state.status = "interrupted"
             raise
-        if result.pid != os.getpid():
-            self._absorb(result, model)
+        self._stage_ended(stage, model, "finished")
+        return output
+
+    def _stage_ended(self, stage: str, model: nn.Module, status: str) -> None:
         self.lightning_module = model
         self._fitted = self._fitted or stage == "fit"
-        self.state.status = "interrupted" if result.interrupted else "finished"
+        self.state.status = status
         self.state.fn, self.state.stage = stage, None
-        if result.interrupted:  # Ctrl-C: after the graceful shutdown the script ends, as under Lightning
-            raise SystemExit(1)
-        return result.output
 
     def _default_ckpt_path(self, stage: str, model: nn.Module | None, ckpt_path: str | None) -> str | None:
         """Lightning's rule: after a fit, evaluating without a model and without `ckpt_path` uses the
@@ -286,20 +287,6 @@ class Trainer:
                        f"({best}), not the weights the fit ended with. Pass ckpt_path='best', 'last', a file, or the "
                        "model itself to choose (and silence this).")
         return "best"
-
-    def _absorb(self, result: StageResult, model: nn.Module) -> None:
-        """Apply rank 0's outcome to this (launching) process."""
-        if result.state_dict:
-            model.load_state_dict(state_dict_for(model, result.state_dict))
-        self.ckpt_path = result.ckpt_path
-        self.loop_state.load_state_dict(result.loop_state)
-        self.callback_list.load_state_dict(result.callback_states)
-        self.metric_store.callback_metrics.clear()
-        self.metric_store.callback_metrics.update(result.callback_metrics)
-        self.metric_store.logged_metrics.clear()
-        self.metric_store.logged_metrics.update(result.logged_metrics)
-        self.metric_store.progress_bar_metrics.clear()
-        self.metric_store.progress_bar_metrics.update(result.progress_bar_metrics)
 
     # ------------------------------------------------------------------ used by loops and callbacks
     def save_checkpoint(self, filepath: str | os.PathLike[str], weights_only: bool = False,

@@ -1,6 +1,7 @@
-"""One launch per Trainer: fit, validate, test and predict run in the same two workers, for
-modules, callbacks and data defined inside a function or in a script's `__main__`; a failed
-stage leaves the Trainer usable; workers waiting between stages end with their launcher."""
+"""One launch per Trainer: fit, validate, test and predict run in this process (global rank 0, as
+in Lightning's `ddp`) and the same worker (rank 1), for modules, callbacks and data defined inside
+a function or in a script's `__main__`; a failed stage leaves the Trainer usable; workers waiting
+between stages end with their launcher."""
 
 from __future__ import annotations
 
@@ -93,10 +94,10 @@ def test_every_stage_runs_in_the_same_workers_with_a_model_defined_in_a_function
     tested = trainer.test(model, _loader())
     predictions = trainer.predict(model, _loader())
     fit_pids = _pids(tmp_path, "fit")
-    assert os.getpid() not in fit_pids
+    assert fit_pids[0] == os.getpid() and fit_pids[1] != os.getpid()  # rank 0 is this process
     for stage in ("validate", "test", "predict"):
         assert _pids(tmp_path, stage) == fit_pids  # no stage started a process
-    # The launching process holds rank 0's trained weights; one process on the whole set agrees.
+    # This process's model is the one rank 0 trained; one process on the whole set agrees.
     x, y = _data().tensors
     with torch.no_grad():
         expected = float(nn.functional.mse_loss(model.layer(x), y))
@@ -106,7 +107,7 @@ def test_every_stage_runs_in_the_same_workers_with_a_model_defined_in_a_function
     assert validated[0]["val_loss"] == pytest.approx(expected, rel=1e-5)
     assert tested[0]["test_loss"] == pytest.approx(expected, rel=1e-5)
     trainer.strategy.stop_workers()
-    assert not [pid for pid in fit_pids if alive(pid)]
+    assert not alive(fit_pids[1])
 
 
 @pytest.mark.timeout(180)
@@ -131,10 +132,27 @@ def test_a_failed_stage_leaves_the_trainer_usable(tmp_path: Path) -> None:
     trainer = _trainer(tmp_path, recorder)
     with pytest.raises(WorkerFailedError, match=r"^\[rank: 1\] worker failed: ValueError: planted failure on rank 1"):
         trainer.fit(model, _loader(), _loader())
-    failed_pids = _pids(tmp_path, "fit")
-    assert not [pid for pid in failed_pids if alive(pid)]  # the failure ended the whole pool
-    tested = trainer.test(model, _loader())  # a fresh pool serves the next stage
-    assert set(_pids(tmp_path, "test")).isdisjoint(failed_pids) and tested[0]["test_loss"] > 0
+    failed_worker = _pids(tmp_path, "fit")[1]
+    assert not alive(failed_worker)  # the failure ended the whole pool
+    tested = trainer.test(model, _loader())  # a fresh pool (and process group) serves the next stage
+    assert _pids(tmp_path, "test")[1] != failed_worker and tested[0]["test_loss"] > 0
+    trainer.strategy.stop_workers()
+
+
+@pytest.mark.timeout(180)
+def test_rank_zeros_own_error_stops_the_workers_and_keeps_its_type(tmp_path: Path) -> None:
+    """An exception of rank 0 is the caller's own: it goes on as it is (as on one process, or under
+    Lightning's ddp), the workers it left waiting in a collective are stopped, and the next stage runs."""
+    model, recorder = _build(tmp_path, fail_on_rank=0)
+    trainer = _trainer(tmp_path, recorder)
+    with pytest.raises(ValueError, match="planted failure on rank 0"):
+        trainer.fit(model, _loader(), _loader())
+    assert wait_until_ended([_pids(tmp_path, "fit")[1]], PROMPT_S) == []
+    model.zero_grad()
+    model.layer(torch.ones(1, 4)).sum().backward()  # the failed stage's reducer left no hook on the module
+    assert torch.equal(model.layer.bias.grad, torch.ones(1)) and not torch.distributed.is_initialized()
+    tested = trainer.test(model, _loader())
+    assert tested[0]["test_loss"] > 0
     trainer.strategy.stop_workers()
 
 
@@ -187,6 +205,7 @@ def test_classes_of_a_main_without_a_file_train_on_two_processes(tmp_path: Path,
     assert process.returncode == 0, err
     assert "READY" in out and len(list(tmp_path.glob("*.pid"))) == 2
     assert not [pid for pid in (int(p.read_text()) for p in tmp_path.glob("*.pid")) if alive(pid)]
+    assert int((tmp_path / "0.pid").read_text()) == process.pid  # rank 0 ran in the script's own process
 
 
 @pytest.mark.timeout(180)
@@ -195,10 +214,10 @@ def test_workers_waiting_between_stages_end_when_their_launcher_is_killed(tmp_pa
     try:
         assert process.stdout is not None
         assert any("READY" in line for line in iter(process.stdout.readline, "")), "the stages never finished"
-        pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
-        assert len(pids) == 2 and all(alive(pid) for pid in pids)  # kept for the next stage
+        worker = int((tmp_path / "1.pid").read_text())
+        assert alive(worker)  # kept for the next stage
         process.kill()
         process.wait()
-        assert not wait_until_ended(pids, PROMPT_S)
+        assert not wait_until_ended([worker], PROMPT_S)
     finally:
         process.kill()
