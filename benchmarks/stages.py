@@ -16,8 +16,9 @@ checkpointing, progress bar and model summary off, no sanity check:
   stage), made with `git worktree add` (and removed again) unless `--before-root` already holds it;
 * `pl_ddp`: `pytorch_lightning.Trainer(strategy="ddp")` (re-runs the command for rank 1).
 
-Workloads: `digits` (the CLI's default job: digits MLP, 10 epochs, test on the validation split)
-and `mlp50m` (54.6M parameters, 4 steps and 4 test batches per rank: start-up and moving the model).
+Workloads: `digits` (the CLI's default job: digits MLP, 10 epochs, test on the validation split),
+`digits_workers` (the same with `num_workers=2`: DataLoader worker processes start in every rank each
+epoch) and `mlp50m` (54.6M parameters, 4 steps and 4 test batches per rank: start-up and moving the model).
 
 Inside each run the launching process times `fit` and the `test` after it; the harness times the
 whole script from outside, and after each run looks for processes of its tree still alive.
@@ -54,6 +55,7 @@ CONTENDERS = {"ours": ("ours", "ours now (workers live across stages)"),
               "ours_before": ("ours", "ours before #17 (new workers per stage)"),
               "pl_ddp": ("lightning", "Lightning Trainer, strategy=\"ddp\"")}
 WORKLOAD_LABELS = {"digits": "digits (CLI default job: 64→256→10 MLP, 10 epochs, batch 64/rank)",
+                   "digits_workers": "digits_workers (the same with DataLoader(num_workers=2) in each rank)",
                    "mlp50m": "mlp50m (1024→4×4096→10 MLP, 54.6M params, 4 steps + 4 test batches/rank)"}
 METRICS = (("fit_s", "fit()"), ("test_s", "test() after fit"), ("wall_s", "whole script"),
            ("startup_s", "start → fit()"), ("exit_s", "test() end → exit"),

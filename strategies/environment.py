@@ -200,8 +200,9 @@ class LocalEnvironment(ClusterEnvironment):
 class LaunchingProcessEnvironment(ClusterEnvironment):
     """Global rank 0 of our own local launch, in the process that called `fit` (as in Lightning's
     `ddp`): the user's objects there are the ones that run. Ranks 1..N-1 are the worker pool's
-    processes. The launcher installs it for the pool's life (`use_launching_process_rank`), so nothing
-    is written into the user's `os.environ`; the rendezvous store is the pool's own."""
+    processes. The launcher installs it while a stage runs here (`use_launching_process_rank`; the
+    strategy keeps it afterwards), so nothing is written into the user's `os.environ`; the rendezvous
+    store is the pool's own."""
 
     creates_processes_externally = False
 
@@ -413,8 +414,8 @@ def processes_launched_externally() -> bool:
 
 def processes_outlive_stages() -> bool:
     """True when this process is a rank that lives on for the next stage: one started by torchrun
-    or srun, one of our own local workers (strategies/worker.py), or the launching process while
-    its workers wait for the next stage."""
+    or srun, one of our own local workers (strategies/worker.py), or the launching process as rank 0
+    of such workers (its end of their group lives until they stop)."""
     return LocalEnvironment.detect() or LaunchingProcessEnvironment.detect() or processes_launched_externally()
 
 

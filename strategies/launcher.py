@@ -65,6 +65,7 @@ def launch(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...], kw
     where possible, or "spawn").
     """
     if in_place:
+        stop_workers()  # another strategy's workers, and this process's end of their group, would be in the way
         return run_here(strategy, fn, args, kwargs)
     with tempfile.TemporaryDirectory(prefix="ddp-trainer-stage-") as stage_dir:
         payload_path = Path(stage_dir, "payload.pt")
@@ -130,8 +131,9 @@ def _preempted_as_result(strategy: Strategy, fn: Callable[..., Any], args: tuple
 @contextlib.contextmanager
 def _rank_zero_of(pool: WorkerPool, restart: int) -> Iterator[None]:
     """For one stage, this process is global rank 0 of `pool`: its environment says so (nothing is
-    written to `os.environ`), it takes its share of the CPUs, and a hang-guard verdict here ends the
-    stage (the workers are killed, the stage raises) instead of the process."""
+    written to `os.environ`; the strategy keeps it afterwards, for the ranks the user reads), it takes
+    its share of the CPUs, and a hang-guard verdict here ends the stage (the workers are killed, the
+    stage raises) instead of the process."""
     use_launching_process_rank(LaunchingProcessEnvironment(pool.nprocs, pool.store, restart))
     threads = torch.get_num_threads()
     torch.set_num_threads(cpu_threads_per_rank(pool.nprocs))
@@ -140,6 +142,7 @@ def _rank_zero_of(pool: WorkerPool, restart: int) -> Iterator[None]:
         yield
     finally:
         LEDGER.end_stage = None
+        use_launching_process_rank(None)
         torch.set_num_threads(threads)
 
 
@@ -190,9 +193,8 @@ def stop_workers(strategy: Strategy | None = None) -> None:
 
 
 def _forget_pool() -> None:
-    """No pool any more: this process is no rank of one, and holds no group with it."""
+    """No pool any more: this process holds no group with it."""
     _ActivePool.pool = _ActivePool.owner = None
-    use_launching_process_rank(None)
     process_group.abort_or_destroy()
 
 

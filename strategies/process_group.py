@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import time
 from datetime import timedelta
 
 import torch
@@ -22,6 +23,8 @@ from strategies.rank_zero import rank_prefixed_message
 
 KNOWN_BACKENDS = ("gloo", "nccl", "mpi", "ucc")
 
+_ARRIVED = "ddp_trainer/arrived"  # the rendezvous store's key of each rank that reached it
+_ARRIVAL_POLL_S = 0.005
 # MASTER_* variables this module set itself (and must remove on destroy).
 _variables_we_set: list[str] = []
 
@@ -68,6 +71,8 @@ def init_process_group(environment: ClusterEnvironment, *, backend: str, device:
     _export_rendezvous_address(environment)
     try:
         store = environment.rendezvous_store() or _attempt_store(environment, timeout)
+        if store is not None:
+            _wait_for_every_rank(store, rank, world_size, timeout)
         if store is None:
             dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world_size,
                                     timeout=timeout)
@@ -85,6 +90,21 @@ def init_process_group(environment: ClusterEnvironment, *, backend: str, device:
             f"world_size={world_size}, timeout={timeout}): {_first_line(error)}. Check that every rank was started "
             f"and can reach the address, or raise DDPStrategy(timeout=...).", rank)) from error
     return True
+
+
+def _wait_for_every_rank(store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> None:
+    """Announce this rank and wait, in Python, until every rank has announced itself. torch's own
+    rendezvous waits inside C++, where nothing can interrupt it: the launching process, rank 0 of its
+    workers, must stop waiting when a worker dies before it arrives (it failed to start, or to load
+    the stage), and a wait here ends with the exception its watch raises into it."""
+    store.set(f"{_ARRIVED}/{rank}", "1")
+    keys = [f"{_ARRIVED}/{peer}" for peer in range(world_size)]
+    deadline = time.monotonic() + timeout.total_seconds()
+    while not store.check(keys):
+        if time.monotonic() > deadline:
+            missing = [peer for peer, key in enumerate(keys) if not store.check([key])]
+            raise TimeoutError(f"rank(s) {missing} did not arrive at the rendezvous within {timeout}")
+        time.sleep(_ARRIVAL_POLL_S)
 
 
 def restart_count() -> int:

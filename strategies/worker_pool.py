@@ -137,7 +137,7 @@ class WorkerPool:
             watch.closing = True
             failure = watch.failure or self._failure_behind(error)
             self.close(graceful=False)
-            watch.wait_for_answers(_STOP_WAIT_S)  # it ends as the pipes close
+            watch.join(_STOP_WAIT_S)  # it ends as the pipes close
             if failure is not None:
                 raise failure from None
             raise
@@ -253,10 +253,13 @@ class _StageWatch:
         if self._in_main_thread:
             signal.signal(_WAKE_SIGNAL, self._previous_handler)
 
+    def join(self, timeout_s: float) -> None:
+        self._thread.join(timeout_s)
+
     def wait_for_answers(self, timeout_s: float) -> None:
         """Wait until every worker answered (they passed the stage's last barrier with this rank, so
         they answer at once) or one failed; raise that failure."""
-        self._thread.join(timeout_s)
+        self.join(timeout_s)
         if self.failure is not None:
             raise self.failure
         if self._thread.is_alive() and not self.closing:

@@ -1,5 +1,5 @@
 """One fit-then-test run: `python -m benchmarks.contenders.stages_job --framework ours|lightning
---workload digits|mlp50m --out DIR [--epochs N] [--t0 T]`. Times `trainer.fit(...)` and the `trainer.test(...)`
+--workload digits|digits_workers|mlp50m --out DIR [--epochs N] [--t0 T]`. Times `trainer.fit(...)` and the `trainer.test(...)`
 after it in the launching process and prints one line, `STAGES_RESULT {json}` (global rank 0 only).
 
 A real entry point: Lightning's "ddp" re-runs this command for rank 1. No class is defined here
@@ -16,7 +16,7 @@ import time
 T_START = time.time()
 
 RESULT_PREFIX = "STAGES_RESULT "
-WORKLOADS = ("digits", "mlp50m")
+WORKLOADS = ("digits", "digits_workers", "mlp50m")
 FRAMEWORKS = {"ours": "benchmarks.contenders.stages_ours", "lightning": "benchmarks.contenders.stages_pl"}
 
 

@@ -7,8 +7,8 @@ from typing import Any
 
 from benchmarks.contenders.data import loader
 from benchmarks.contenders.ours_parts import BenchModule
-from benchmarks.contenders.stages_parts import (BIG_MLP, BIG_STEPS, DIGITS_DATA, DIGITS_EPOCHS, RANKS, BigSteps,
-                                                DigitsTestStep, digits_hparams, trainer_settings)
+from benchmarks.contenders.stages_parts import (BIG_MLP, BIG_STEPS, DIGITS_EPOCHS, RANKS, BigSteps, DigitsTestStep,
+                                                digits_data, digits_hparams, trainer_settings)
 from trainer import Trainer
 from trainer.demos.digits import DigitsClassifier, DigitsDataModule
 
@@ -28,8 +28,8 @@ class StagesBig(BigSteps, BenchModule):
 
 def job(workload: str, out: str, epochs: int | None = None) -> tuple[Trainer, Any, dict[str, Any], dict[str, Any]]:
     """(trainer, module, fit's data arguments, test's data arguments)."""
-    if workload == "digits":
-        data = StagesDigitsData(**DIGITS_DATA)
+    if workload.startswith("digits"):
+        data = StagesDigitsData(**digits_data(workload))
         return (Trainer(max_epochs=epochs or DIGITS_EPOCHS, **trainer_settings(out)),
                 StagesDigits(**digits_hparams(DigitsClassifier)), {"datamodule": data}, {"datamodule": data})
     batches = loader(BIG_MLP, BIG_STEPS, RANKS)

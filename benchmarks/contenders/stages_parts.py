@@ -27,6 +27,14 @@ DIGITS_MODEL: dict[str, Any] = {"arch": "mlp", "hidden_sizes": [256], "dropout":
                 "weight_decay": 0.0, "scheduler": None}
 DIGITS_DATA: dict[str, Any] = {"batch_size": 64, "val_fraction": 0.2, "seed": 0, "num_workers": 0}
 DIGITS_EPOCHS = 10
+# The `digits_workers` workload: the same job with DataLoader worker processes inside each rank, which
+# start every epoch (and stage) as the platform starts them: fork on Linux, under either Trainer.
+DIGITS_LOADER_WORKERS = 2
+
+
+def digits_data(workload: str) -> dict[str, Any]:
+    """The digits DataModule's arguments for `workload` ("digits" or "digits_workers")."""
+    return {**DIGITS_DATA, "num_workers": DIGITS_LOADER_WORKERS if workload == "digits_workers" else 0}
 BIG_STEPS = 4  # training steps per rank, and test batches per rank, of the large MLP (1 epoch)
 # Where each rank notes which `trainer`/`strategies` it imported (the harness checks the "before" checkout).
 CODE_NOTES_ENV = "BENCH_STAGES_NOTES"

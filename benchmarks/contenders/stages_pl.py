@@ -13,8 +13,8 @@ import pytorch_lightning as pl
 
 from benchmarks.contenders.data import loader
 from benchmarks.contenders.lightning_parts import BenchModule
-from benchmarks.contenders.stages_parts import (BIG_MLP, BIG_STEPS, DIGITS_DATA, DIGITS_EPOCHS, RANKS, BigSteps,
-                                                DigitsTestStep, digits_hparams, trainer_settings)
+from benchmarks.contenders.stages_parts import (BIG_MLP, BIG_STEPS, DIGITS_EPOCHS, RANKS, BigSteps, DigitsTestStep,
+                                                digits_data, digits_hparams, trainer_settings)
 from trainer.demos.digits import DigitsClassifier, DigitsDataModule
 
 
@@ -32,9 +32,9 @@ class LightningDigits(DigitsTestStep, pl.LightningModule):
 
 
 class LightningDigitsData(pl.LightningDataModule):
-    def __init__(self) -> None:
+    def __init__(self, workload: str = "digits") -> None:
         super().__init__()
-        self.source = DigitsDataModule(**DIGITS_DATA)
+        self.source = DigitsDataModule(**digits_data(workload))
 
     def setup(self, stage: str) -> None:
         self.source.setup(stage)
@@ -55,8 +55,8 @@ class LightningBig(BigSteps, BenchModule):
 
 def job(workload: str, out: str, epochs: int | None = None) -> tuple[pl.Trainer, Any, dict[str, Any], dict[str, Any]]:
     """(trainer, module, fit's data arguments, test's data arguments)."""
-    if workload == "digits":
-        data = LightningDigitsData()
+    if workload.startswith("digits"):
+        data = LightningDigitsData(workload)
         return (pl.Trainer(max_epochs=epochs or DIGITS_EPOCHS, **trainer_settings(out)), LightningDigits(),
                 {"datamodule": data}, {"datamodule": data})
     batches = loader(BIG_MLP, BIG_STEPS, RANKS)

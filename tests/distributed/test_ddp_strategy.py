@@ -153,3 +153,27 @@ def test_forked_workers_do_not_share_numpys_random_stream() -> None:
     ranks = strategy.launch(ddp_workers.unseeded_numpy_draw, strategy)
     assert ranks[1]["ppid"] != os.getpid()  # forked, not spawned (rank 0 is this process)
     assert len({rank["draw"] for rank in ranks}) == 2
+
+
+@pytest.mark.timeout(120)
+def test_dataloader_workers_inside_ranks_start_as_the_platform_starts_them() -> None:
+    """A rank's DataLoader workers start with the platform's default (fork on Linux), as Lightning's
+    ranks do, not through the forkserver or spawn that started the rank (which re-imports the script
+    and re-pickles the dataset for every worker, every epoch); a method the user chose is kept."""
+    import multiprocessing
+
+    strategy = _strategy(start_method="forkserver")
+    platform = multiprocessing.get_context().get_start_method()
+    ranks = strategy.launch(ddp_workers.loader_worker_start, strategy)  # rank 0 is this process
+    assert [rank["default"] for rank in ranks] == [platform, platform]
+    assert ranks[1]["forked_from_rank"] == (platform == "fork")
+    strategy.stop_workers()
+    chosen = "forkserver" if platform != "forkserver" else "spawn"
+    previous = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method(chosen, force=True)
+    try:
+        ranks = strategy.launch(ddp_workers.loader_worker_start, strategy)
+    finally:
+        multiprocessing.set_start_method(previous, force=True)
+    assert [rank["default"] for rank in ranks] == [chosen, chosen]
+    assert ranks[1]["forked_from_rank"] == (chosen == "spawn")  # a forkserver's child is the server's

@@ -204,3 +204,26 @@ def shard_indices(rank: int, world_size: int, size: int) -> dict[str, Any]:
 
     return {"epoch0": epoch(loader, 0), "epoch0_again": epoch(loader, 0), "epoch1": epoch(loader, 1),
             "sequential": epoch(sequential, 0), "batches": len(loader)}
+
+
+def loader_worker_start(strategy: DDPStrategy) -> list[Any]:
+    """Every rank's default start method for the processes it starts, and how one DataLoader worker
+    process of this rank was started (its parent is this rank when forked)."""
+    import multiprocessing
+
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(_ParentPid(), batch_size=1, num_workers=1)
+    parent = int(next(iter(loader))[0])
+    return gather_all(strategy, {"default": multiprocessing.get_start_method(),
+                                 "forked_from_rank": parent == os.getpid()})
+
+
+class _ParentPid(torch.utils.data.Dataset):
+    """One item: the parent pid of the process that loads it."""
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, index: int) -> int:
+        return os.getppid()
