@@ -5,8 +5,8 @@ the members below and never asks which strategy it holds (a needed branch become
 here with a sensible default). Call order inside `Trainer.fit`::
 
     strategy.configure(accelerator=..., devices=..., num_nodes=...)   # in Trainer.__init__
-    strategy.launch(work, *args)          # parent: start the workers (or run in-process)
-      └ in every worker: strategy.setup_environment(); work(*args)
+    strategy.launch(work, *args)          # this process runs rank 0, workers the other ranks (or in place)
+      └ on every rank: strategy.setup_environment(); work(*args)
           module = strategy.setup_module(module)
           loader = strategy.process_dataloader(loader)
           for each batch:
@@ -150,7 +150,8 @@ class Strategy(abc.ABC):
 
     # ------------------------------------------------------------------ lifecycle
     def launch(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run `fn` in every worker after `setup_environment`; return global rank 0's result."""
+        """Run `fn` on every rank after `setup_environment`; return global rank 0's result (rank 0 runs in
+        this process, on the objects it was given)."""
         self.setup_environment()
         return fn(*args, **kwargs)
 

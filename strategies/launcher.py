@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import inspect
 import pickle
 import signal
 import tempfile
@@ -237,8 +238,48 @@ def _serialize(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...]
                    pickle_protocol=pickle.HIGHEST_PROTOCOL)
     except (pickle.PicklingError, AttributeError, TypeError) as error:
         name = getattr(fn, "__qualname__", None) or repr(fn)
-        raise TypeError(f"launch() runs {name} in new processes, which receive it and its arguments pickled; "
-                        f"something in them cannot be pickled (an open file, a lock, a generator, a live "
-                        f"connection): {error}") from error
+        culprit = unpicklable_part(_named_arguments(fn, args, kwargs))
+        where = f" The first that cannot: {culprit}." if culprit else ""
+        raise TypeError(f"launch() runs {name} on ranks 1..N-1 in worker processes, which receive a pickled copy "
+                        f"of it and its arguments; something in them cannot be pickled (an open file, a lock, a "
+                        f"generator, a live connection): {error}.{where} Create such an object inside a hook "
+                        f"(setup, configure_model, on_fit_start) instead of in __init__, or leave it out of the "
+                        f"object's pickled state (__getstate__).") from error
+
+
+def _named_arguments(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return dict(inspect.signature(fn).bind_partial(*args, **kwargs).arguments)
+    except (TypeError, ValueError):
+        return {f"argument {index}": arg for index, arg in enumerate(args)} | kwargs
+
+
+def unpicklable_part(named: dict[str, Any], depth: int = 4) -> str | None:
+    """The path of the innermost part of `named`'s values that cannot be pickled ("argument 2 ->
+    .callbacks[1] -> .handle (TextIOWrapper)"), or None; only runs once pickling already failed."""
+    for label, value in named.items():
+        if _pickles(value):
+            continue
+        inner = unpicklable_part(_parts(value), depth - 1) if depth > 0 else None
+        return f"{label} -> {inner}" if inner else f"{label} ({type(value).__name__})"
+    return None
+
+
+def _pickles(value: Any) -> bool:
+    try:
+        cloudpickle.dumps(value)
+    except Exception:  # noqa: BLE001 (any failure means: this part cannot travel)
+        return False
+    return True
+
+
+def _parts(value: Any) -> dict[str, Any]:
+    """What `value` pickles: its items, or its attributes (as its __getstate__ gives them)."""
+    if isinstance(value, dict):
+        return {f"[{key!r}]": item for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return {f"[{index}]": item for index, item in enumerate(value)}
+    state = value.__getstate__() if hasattr(value, "__getstate__") else getattr(value, "__dict__", None)
+    return {f".{key}": item for key, item in state.items()} if isinstance(state, dict) else {}
 
 

@@ -69,6 +69,7 @@ def init_process_group(environment: ClusterEnvironment, *, backend: str, device:
                 f"(torch.distributed.destroy_process_group()).", rank))
         return False
     _export_rendezvous_address(environment)
+    _name_the_next_group_as_fresh_processes_do()
     try:
         store = environment.rendezvous_store() or _attempt_store(environment, timeout)
         if store is not None:
@@ -90,6 +91,17 @@ def init_process_group(environment: ClusterEnvironment, *, backend: str, device:
             f"world_size={world_size}, timeout={timeout}): {_first_line(error)}. Check that every rank was started "
             f"and can reach the address, or raise DDPStrategy(timeout=...).", rank)) from error
     return True
+
+
+def _name_the_next_group_as_fresh_processes_do() -> None:
+    """torch names a new default group after a counter that only a destroy resets; an init that failed
+    (a peer never came) leaves it raised, so this process's next group would be "1" where fresh workers
+    name theirs "0", and its rendezvous keys would never meet theirs. Without a default group no other
+    group exists, so the counter belongs at zero (the launching process is rank 0 of one pool after
+    another and lives through failed ones)."""
+    world = getattr(dist.distributed_c10d, "_world", None)
+    if world is not None and not dist.is_initialized() and getattr(world, "group_count", 0) != 0:
+        world.group_count = 0
 
 
 def _wait_for_every_rank(store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> None:

@@ -177,3 +177,19 @@ def test_dataloader_workers_inside_ranks_start_as_the_platform_starts_them() -> 
         multiprocessing.set_start_method(previous, force=True)
     assert [rank["default"] for rank in ranks] == [chosen, chosen]
     assert ranks[1]["forked_from_rank"] == (chosen == "spawn")  # a forkserver's child is the server's
+
+
+@pytest.mark.timeout(90)
+def test_a_failed_rendezvous_here_does_not_break_the_next_launch() -> None:
+    """torch counts groups by a counter only a destroy resets: after this process's own init failed,
+    its next group would have been named unlike the fresh worker's, and the ranks never met."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False)
+    with pytest.raises(dist.DistError):
+        dist.init_process_group("gloo", store=store, rank=0, world_size=2, timeout=timedelta(seconds=1))
+    strategy = DDPStrategy(timeout=timedelta(seconds=30))
+    strategy.configure(accelerator="cpu", devices=2)
+    assert strategy.launch(ddp_workers.return_rank, strategy) == 0

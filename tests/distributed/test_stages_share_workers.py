@@ -221,3 +221,21 @@ def test_workers_waiting_between_stages_end_when_their_launcher_is_killed(tmp_pa
         assert not wait_until_ended([worker], PROMPT_S)
     finally:
         process.kill()
+
+
+@pytest.mark.timeout(60)
+def test_an_object_that_cannot_reach_the_workers_is_named(tmp_path: Path) -> None:
+    """A callback holding a lock cannot be sent to rank 1: the error names the path to it and says
+    what to change, before any worker starts (nothing to hang on)."""
+    import threading
+
+    class HoldsALock(Callback):
+        def __init__(self) -> None:
+            self.guard = threading.Lock()
+
+    model, _ = _build(tmp_path)
+    trainer = _trainer(tmp_path, HoldsALock())
+    with pytest.raises(TypeError, match=r"trainer -> \.callback_list -> \.callbacks -> \[0\] -> \.guard \(lock\)"
+                                        r".*inside a hook"):
+        trainer.fit(model, _loader(), _loader())
+    assert trainer.state.status == "interrupted"
