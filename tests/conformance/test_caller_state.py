@@ -33,7 +33,7 @@ SECOND_FIT_VALUES = ("fit_again.module.weights", "fit_again.metrics.callback", "
 
 
 def _run(trainer: str, objects: str, out: Path) -> dict[str, Any]:
-    out.mkdir(parents=True)
+    out.mkdir(parents=True, exist_ok=True)
     done = subprocess.run([sys.executable, "-m", "tests.conformance.caller_state_script", trainer, objects, str(out)],
                           cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
                           timeout=240)
