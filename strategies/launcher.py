@@ -40,7 +40,7 @@ from strategies.environment import LaunchingProcessEnvironment, use_launching_pr
 from strategies.hang_guard import LEDGER
 from strategies.notice_signals import replace_handlers
 from strategies.preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionPolicy
-from strategies.worker import cpu_threads_per_rank, finish
+from strategies.worker import cpu_threads_per_rank, exiting, finish
 from strategies.worker_pool import WorkerFailedError, WorkerPool
 
 if TYPE_CHECKING:
@@ -217,7 +217,12 @@ def _owner_gone(_: Any) -> None:
     stop_workers()
 
 
-atexit.register(stop_workers)  # after multiprocessing's own exit hook was registered: runs before it
+def _at_exit() -> None:
+    exiting()
+    stop_workers()
+
+
+atexit.register(_at_exit)  # after multiprocessing's own exit hook was registered: runs before it
 
 
 def _serialize(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],

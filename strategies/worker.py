@@ -102,7 +102,18 @@ def worker_main(spec: WorkerSpec, connection: Connection) -> None:
         write_failure_stamp(Path(spec.failures_dir), traceback.format_exc())
         sys.exit(1)  # quietly: the launching process reports the stamped traceback once
     finally:
+        exiting()
         process_group.destroy_process_group()
+
+
+def exiting() -> None:
+    """Say that this interpreter is exiting before our exit-time clean-up runs. Destroying the process
+    group collects garbage, which shuts down DataLoader iterators still alive (persistent workers); torch
+    skips waiting for their workers once it knows the interpreter is exiting, but it learns that from an
+    exit hook that runs after ours, so each shutdown waited for its workers, seconds each."""
+    from torch.utils.data import _utils as loader_utils
+
+    loader_utils.python_exit_status = True
 
 
 def _free_the_stage() -> None:
