@@ -56,12 +56,12 @@ def attach(module: nn.Module, trainer: Trainer) -> None:
             _attach_one(child, trainer)
 
 
-def detach(module: nn.Module) -> None:
+def unbind_api(module: nn.Module) -> None:
+    """Take back the API methods a stage bound on a module of another class (Lightning's own), so the
+    module is its class's again afterwards; it stays attached (`module.trainer`), as under Lightning."""
     for child in module.modules():
         for name in child.__dict__.pop("_bound_by_trainer", ()):
             child.__dict__.pop(name, None)
-        if "_trainer" in child.__dict__:
-            child.__dict__["_trainer"] = None
 
 
 def _attach_one(module: nn.Module, trainer: Trainer) -> None:

@@ -1,4 +1,4 @@
-"""What every worker runs for one stage: attach, set up data and model, loop, tear down.
+"""What every rank runs for one stage: attach, set up data and model, loop, tear down.
 
 `run_stage` is the function `Trainer` hands to `strategy.launch`. Global rank 0 runs it in the
 calling process, on the user's own objects (so they hold what ran, as under Lightning's `ddp`);
@@ -29,7 +29,7 @@ from trainer.loops.evaluation import has_step, print_results, run_evaluation, ru
 from trainer.loops.fit_loop import run_fit
 from trainer.loops.preemption import default_resume_candidates, discard_if_consumed, preemption_checkpoint_path
 from trainer.loops.training_step import backward
-from trainer.module_adapter import align_lightning_rank, attach, automatic_optimization, check_module
+from trainer.module_adapter import align_lightning_rank, attach, automatic_optimization, check_module, unbind_api
 from trainer.optimizers import ManualOptimizer, NoOptimizer, check_schedulers, init_optimizers
 from trainer.profiler import is_profiling
 from trainer.seed import reset_seed
@@ -70,7 +70,8 @@ def run_stage(trainer: Trainer, stage: str, model: nn.Module, data: dict[str, An
     except BaseException as error:
         _on_exception(trainer, model, error)
         raise
-    finally:  # the module stays attached to this trainer afterwards (`model.trainer`), as in Lightning
+    finally:
+        unbind_api(model)
         trainer.strategy.outside_backward = None  # it holds this run's module (and could not be pickled)
         trainer.callback_list.take_back_logging()
         if trainer.datamodule is not None:
