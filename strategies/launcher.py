@@ -188,8 +188,7 @@ def stop_workers(strategy: Strategy | None = None) -> None:
     pool, owner = _ActivePool.pool, _ActivePool.owner
     if pool is None or (strategy is not None and (owner is None or owner() is not strategy)):
         return
-    _forget_pool()
-    process_group.destroy_process_group()  # after the workers left it, so nobody waits on a peer
+    _forget_pool()  # this process's end of the group first: a worker never waits on it while idle
     pool.close()
 
 
