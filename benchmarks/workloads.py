@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -47,7 +47,17 @@ class Workload:
         return torch.utils.data.TensorDataset(*self.make_inputs(samples, generator))
 
 
-def make_optimizer(workload: Workload, model: nn.Module) -> torch.optim.Optimizer:
+class OptimizerChoice(Protocol):
+    """What picks a workload's optimizer (this module's `Workload`, the GPU benchmark's too)."""
+
+    @property
+    def optimizer(self) -> str: ...
+
+    @property
+    def lr(self) -> float: ...
+
+
+def make_optimizer(workload: OptimizerChoice, model: nn.Module) -> torch.optim.Optimizer:
     if workload.optimizer == "adamw":
         return torch.optim.AdamW(model.parameters(), lr=workload.lr)
     return torch.optim.SGD(model.parameters(), lr=workload.lr, momentum=0.9)
