@@ -164,11 +164,12 @@ class Strategy(abc.ABC):
         (`for_training=False`, for validate/test/predict: only what evaluation needs)."""
         return module.to(self.root_device)
 
-    def process_dataloader(self, dataloader: DataLoader, *, for_training: bool = True) -> DataLoader:
-        """Return the loader this rank iterates (a distributed strategy shards it, keeping the
-        user's shuffle setting). Training shards are padded to one length, so every rank takes the
-        same number of steps; evaluation shards (`for_training=False`) cover each sample exactly
-        once and may differ in length by one."""
+    def process_dataloader(self, dataloader: DataLoader, *, for_training: bool = True,
+                           shuffle: bool | None = None) -> DataLoader:
+        """Return the loader this rank iterates (a distributed strategy shards it). Training shards
+        are padded to one length, so every rank takes the same number of steps; evaluation shards
+        (`for_training=False`) cover each sample exactly once and may differ in length by one.
+        `shuffle` orders the shards (None: as the loader itself would: its own shuffle setting)."""
         return dataloader
 
     def training_step(self, module: nn.Module, *args: Any, **kwargs: Any) -> Any:

@@ -208,9 +208,10 @@ class DDPStrategy(Strategy):
         return module
 
     @override
-    def process_dataloader(self, dataloader: DataLoader, *, for_training: bool = True) -> DataLoader:
+    def process_dataloader(self, dataloader: DataLoader, *, for_training: bool = True,
+                           shuffle: bool | None = None) -> DataLoader:
         return distribute_dataloader(dataloader, num_replicas=self.world_size, rank=self.global_rank,
-                                     pad=for_training)
+                                     pad=for_training, shuffle=shuffle)
 
     @override
     def training_step(self, module: nn.Module, *args: Any, **kwargs: Any) -> Any:

@@ -113,11 +113,12 @@ class ResumableDistributedSampler(DistributedSampler):
 
 
 def distribute_dataloader(dataloader: DataLoader, num_replicas: int, rank: int,
-                          seed: int | None = None, pad: bool = True) -> DataLoader:
-    """A DataLoader that yields only this rank's shard, keeping the user's shuffle setting.
+                          seed: int | None = None, pad: bool = True, shuffle: bool | None = None) -> DataLoader:
+    """A DataLoader that yields only this rank's shard.
 
     `pad=True` (training) pads like DistributedSampler so every rank runs the same number of
     steps; `pad=False` (evaluation, prediction) covers each sample exactly once (`ShardSampler`).
+    `shuffle` permutes the shards each epoch; None keeps the loader's own setting.
     `seed` (default: $PL_GLOBAL_SEED, else 0) must be the same on every rank, so that all
     ranks permute identically and their shards stay disjoint.
     """
@@ -126,7 +127,8 @@ def distribute_dataloader(dataloader: DataLoader, num_replicas: int, rank: int,
     batch_sampler_source = getattr(dataloader.batch_sampler, "sampler", None)
     if isinstance(dataloader.sampler, DistributedSampler) or isinstance(batch_sampler_source, DistributedSampler):
         return dataloader  # the user sharded it already
-    shuffle = _check_rebuildable(dataloader)
+    own_shuffle = _check_rebuildable(dataloader)
+    shuffle = own_shuffle if shuffle is None else shuffle
     sampler: Sampler[int]
     if pad:
         _check_enough_samples_to_train(dataloader, num_replicas)

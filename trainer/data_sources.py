@@ -89,8 +89,10 @@ class DataSources:
         if trainer.overfit_batches and trainer.state.fn == "fit":
             loaders = [_each_dataloader(loader, lambda one: _without_shuffle(one, stage)) for loader in loaders]
         if trainer.use_distributed_sampler:
+            shuffle = _shuffles_shards(trainer, stage)
+
             def shard(one: DataLoader) -> Any:
-                return trainer.strategy.process_dataloader(one, for_training=stage == "train")
+                return trainer.strategy.process_dataloader(one, for_training=stage == "train", shuffle=shuffle)
             loaders = [_each_dataloader(loader, shard) for loader in loaders]
         self.loaders[stage] = loaders
         for key in [key for key in self.seen_batches if key[0] == stage]:
@@ -167,6 +169,15 @@ def _each_dataloader(loader: Any, change: Callable[[DataLoader], Any]) -> Any:
                             for member in loader.flattened]
         return loader
     return change(loader) if isinstance(loader, DataLoader) else loader
+
+
+def _shuffles_shards(trainer: Trainer, stage: str) -> bool | None:
+    """Lightning's rule for the sampler it injects: the training shards are always shuffled (seeded
+    by the global seed, reshuffled each epoch) whatever the loader's own `shuffle`, except under
+    `overfit_batches`, which trains on the same first batches; evaluation keeps the loader's order."""
+    if stage != "train":
+        return None
+    return not (trainer.overfit_batches and trainer.state.fn == "fit")
 
 
 def _without_shuffle(loader: Any, stage: str) -> Any:

@@ -69,6 +69,9 @@ _CASE_LIST = [
          package="lightning.pytorch", fast=True),
     Case("logging", _build(LoggingModule), lambda: _recorded_class(RegressionData)(train=60, shuffle=True),
          _EVERY_BATCH, (("fit", {}), ("validate", {}), ("test", {})), fast=True),
+    # A training loader built with shuffle=False: under DDP both Trainers still shuffle its shards.
+    Case("unshuffled_train", _build(Regressor), lambda: _recorded_class(RegressionData)(shuffle=False),
+         {"max_epochs": 2}),
     Case("two_val_loaders", _build(TwoLoadersModule), _build(TwoLoaderData), _EVERY_BATCH,
          (("fit", {}), ("validate", {}), ("test", {}))),
     Case("manual_two_optimizers", _build(ManualGAN), _build(RegressionData), _EVERY_BATCH, fast=True,
@@ -101,4 +104,4 @@ _CASE_LIST = [
 ]
 CASES: dict[str, Case] = {case.name: case for case in _CASE_LIST}
 # Run at 2 processes too (Lightning ddp_spawn vs our ddp).
-TWO_PROCESS_CASES = ("template", "logging", "manual_two_optimizers", "hparams_checkpoint")
+TWO_PROCESS_CASES = ("template", "logging", "manual_two_optimizers", "hparams_checkpoint", "unshuffled_train")

@@ -72,9 +72,20 @@ ORACLE_LIMITATIONS = {
     # snapshots see global_step=current_epoch=0 and metrics dicts the parent never received (or merged
     # into its old ones: its callback_metrics keep the fit's keys after test), logger rows are written at
     # step 0 of epoch 0. Lightning's in-process Trainer (the 1-process cases) checks all of these.
+    # Likewise a stage's hooks see what earlier stages left on the trainer (their batch counts,
+    # is_last_batch, the optimizers' lr) in a trainer that ran them (ours, and Lightning's `ddp`, whose
+    # rank 0 is the caller: tests/conformance/test_caller_state.py compares that), never under ddp_spawn.
     "spawn_stage_restart": ("state.global_step", "state.current_epoch", "state metrics dicts", "logger row step",
-                            "logger row epoch", "result callback_metrics"),
+                            "logger row epoch", "result callback_metrics", "fields an earlier stage left"),
 }
+_STAGE_FIELDS = {"fit": ("num_training_batches", "num_sanity_val_batches", "num_val_batches", "is_last_batch", "lr"),
+                 "validate": ("num_val_batches",), "test": ("num_test_batches",), "predict": ("num_predict_batches",)}
+
+
+def _left_by_earlier_stages(stage: str) -> tuple[str, ...]:
+    """The snapshot fields another stage sets and `stage` does not: left over in a trainer that ran it."""
+    own = set(_STAGE_FIELDS.get(stage, ()))
+    return tuple(sorted({key for keys in _STAGE_FIELDS.values() for key in keys} - own))
 
 
 @dataclass
@@ -109,10 +120,10 @@ def _without_spawn_stage_restart(record: RunRecord) -> None:
     the metrics dicts from hook snapshots, the step and epoch from logger rows, and callback_metrics
     from the stage results (in both records)."""
     for events in record.events.values():
-        stage = 0
+        stage, name = 0, ""
         for event in events:
             if event["src"] == "driver":
-                stage += 1
+                stage, name = stage + 1, event["hook"]
             elif stage > 1 and event["stream"] == "logger":
                 if "step" in event["args"]:
                     event["args"]["step"] = "<not compared>"
@@ -120,7 +131,7 @@ def _without_spawn_stage_restart(record: RunRecord) -> None:
                     event["data"]["epoch"] = "<not compared>"
             elif stage > 1 and event.get("state"):
                 for key in ("global_step", "current_epoch", "callback_metrics", "logged_metrics",
-                            "progress_bar_metrics"):
+                            "progress_bar_metrics", *_left_by_earlier_stages(name)):
                     event["state"].pop(key, None)
     for result in record.stages[1:]:
         result.pop("callback_metrics", None)
@@ -133,7 +144,10 @@ def run_one(case: Case, kind: str, root: Path, processes: int, observe: bool = T
     package = importlib.import_module(case.package)
     callback_class, logger_class = RECORDERS[case.package]
     record = RunRecord(kind, processes)
-    recorder = Recorder(str(root / "records"), kind, parent_pid=os.getpid() if processes > 1 else None)
+    # Lightning's ddp_spawn runs rank 0 in a child, so the launching process's own events are no
+    # rank's; our ddp runs rank 0 in the launching process, so they are rank 0's.
+    spawned_rank_zero = processes > 1 and kind == "lightning"
+    recorder = Recorder(str(root / "records"), kind, parent_pid=os.getpid() if spawned_rank_zero else None)
     trainer = module = None
     try:
         package.seed_everything(0, verbose=False)

@@ -78,9 +78,8 @@ class RankShiftedDataset(Dataset):
 
 
 class RankShiftedData(pl.LightningDataModule):
-    """A shuffled training loader (Lightning's injected DistributedSampler always shuffles; ours
-    keeps the loader's shuffle=True; both seed it with PL_GLOBAL_SEED and set_epoch it, so every
-    rank gets the same batches under both) and an unshuffled validation set of 32 = 2 ranks x 2
+    """A shuffled training loader (both Trainers' injected samplers shuffle the training shards,
+    seed them with PL_GLOBAL_SEED and set_epoch them, so every rank gets the same batches under both) and an unshuffled validation set of 32 = 2 ranks x 2
     batches x 8, which Lightning's padded sampler and our exactly-once shards split alike."""
 
     def __init__(self, batch_size: int = 8, train: int = 96, val: int = 32) -> None:

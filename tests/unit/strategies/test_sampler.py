@@ -55,6 +55,19 @@ def test_sequential_loader_stays_unshuffled_and_yields_this_ranks_shard() -> Non
     assert [batch[0].tolist() for batch in loader] == [[0.0, 2.0], [4.0, 6.0], [8.0]]
 
 
+def test_shuffle_argument_overrides_the_loaders_own_order_as_lightnings_training_sampler_does() -> None:
+    """The Trainer shuffles every training shard (Lightning's rule), whatever the loader says."""
+    unshuffled = DataLoader(DATASET, batch_size=2, shuffle=False)
+    ours = distribute_dataloader(unshuffled, num_replicas=2, rank=1, seed=3, shuffle=True)
+    reference = DistributedSampler(DATASET, num_replicas=2, rank=1, shuffle=True, seed=3)  # type: ignore[arg-type]
+    for epoch in (0, 1):
+        ours.sampler.set_epoch(epoch)  # type: ignore[attr-defined]
+        reference.set_epoch(epoch)
+        assert list(ours.sampler) == list(reference)
+    shuffled = distribute_dataloader(DataLoader(DATASET, shuffle=True), 2, 0, shuffle=False)
+    assert list(shuffled.sampler) == [0, 2, 4, 6, 8]  # overfit_batches: in order
+
+
 def test_seed_comes_from_the_argument_then_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     base = DataLoader(DATASET, shuffle=True)
     monkeypatch.delenv(SEED_VARIABLE, raising=False)
