@@ -12,7 +12,7 @@ import torch
 from strategies.checkpoint_io import CheckpointError
 from trainer.checkpoint_loops import lightning_loops, position_from_lightning, saved_loader_states
 from trainer.compiled import plain_state_dict, state_dict_for
-from trainer.hparams import plain_hparams
+from trainer.hparams import checkpoint_hparams
 from trainer.seed import gather_rng_states
 
 if TYPE_CHECKING:
@@ -69,10 +69,10 @@ def build_checkpoint(trainer: Trainer, module: Any, weights_only: bool = False) 
 
 
 def _add_hparams(checkpoint: dict[str, Any], owner: Any, key: str, name_key: str) -> None:
-    """Lightning's keys for a module's (or datamodule's) hyperparameters, as plain values, and the
+    """Lightning's keys for a module's (or datamodule's) hyperparameters (`checkpoint_hparams`), and the
     name of the `__init__` argument they came in as when that was one object (`hparams`), so
     `load_from_checkpoint` passes them back the same way."""
-    hparams = plain_hparams(getattr(owner, "hparams", None))
+    hparams = checkpoint_hparams(getattr(owner, "hparams", None))
     if not hparams:
         return
     checkpoint[key] = hparams
@@ -119,7 +119,7 @@ def run_identity(module: Any) -> str:
     that finds a checkpoint by itself resumes only its own run's, not a sweep neighbour's)."""
     module = getattr(module, "_orig_mod", module)
     cls = type(module)
-    hparams = repr(sorted(plain_hparams(getattr(module, "hparams", None)).items()))
+    hparams = repr(sorted(checkpoint_hparams(getattr(module, "hparams", None)).items()))
     return f"{cls.__module__}.{cls.__qualname__}:{hashlib.sha1(hparams.encode()).hexdigest()[:12]}"
 
 

@@ -1,8 +1,9 @@
-"""Hyperparameters: capture a module's `__init__` arguments and keep them checkpoint-safe."""
+"""Hyperparameters: capture a module's `__init__` arguments and store them in checkpoints as Lightning does."""
 
 from __future__ import annotations
 
 import inspect
+import pickle
 import sys
 import types
 from typing import Any
@@ -36,23 +37,38 @@ def collect_init_args(frame: types.FrameType) -> dict[str, Any]:
     return args
 
 
-def plain_hparams(hparams: Any) -> dict[str, Any]:
-    """Hyperparameters reduced to what `torch.load(weights_only=True)` accepts: primitives and
-    containers of them; anything else is stored as its `repr` so saving never fails."""
+def checkpoint_hparams(hparams: Any) -> dict[str, Any]:
+    """Hyperparameters as a checkpoint stores them, as Lightning's do: primitives and containers as they
+    are, OmegaConf containers as plain dicts and lists (a Hydra config still loads weights-only), and any
+    other object as itself. A checkpoint holding such an object then loads only with
+    `weights_only=False`, and `load_from_checkpoint` rebuilds the module with the object, as Lightning
+    does from its own checkpoint of the same run (which needs the same opt-in). An object pickle cannot
+    store is kept as its `repr`, with a warning, so a checkpoint is still written."""
     if hparams is None:
         return {}
-    return {str(key): _plain(value) for key, value in dict(hparams).items()}
+    return {str(key): _stored(str(key), value) for key, value in dict(hparams).items()}
 
 
-def _plain(value: Any) -> Any:
+def _stored(key: str, value: Any) -> Any:
     if isinstance(value, _PRIMITIVES):
         return value
-    if isinstance(value, (list, tuple)):
-        return [_plain(item) for item in value]
-    if isinstance(value, dict):
-        return {str(key): _plain(item) for key, item in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(_stored(key, item) for item in value)
+    if type(value) is dict or isinstance(value, AttributeDict):
+        return {str(name): _stored(key, item) for name, item in value.items()}
     container = omegaconf_to_builtin(value)
-    return repr(value) if container is value else _plain(container)
+    if container is not value:
+        return _stored(key, container)
+    try:
+        pickle.dumps(value)
+    except Exception as error:  # noqa: BLE001 (pickling can fail in any way the object defines)
+        from strategies.rank_zero import rank_zero_warn
+
+        rank_zero_warn(f"hyperparameter {key!r} ({type(value).__name__}) cannot be pickled ({error}); the "
+                       "checkpoint stores its repr, so load_from_checkpoint needs it passed again: "
+                       f"Model.load_from_checkpoint(path, {key}=...).")
+        return repr(value)
+    return value
 
 
 def omegaconf_to_builtin(value: Any) -> Any:

@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 from strategies.rank_zero import rank_zero_warn
-from trainer.hparams import AttributeDict, collect_init_args, plain_hparams
+from trainer.hparams import AttributeDict, collect_init_args, checkpoint_hparams
 from trainer.log_rules import LoggingError
 from trainer.logged_metrics import is_metric as _is_metric
 
@@ -449,4 +449,4 @@ def _trainer_of(module: nn.Module) -> Any:
     return trainer
 
 
-__all__ = ["LightningModule", "plain_hparams"]
+__all__ = ["LightningModule", "checkpoint_hparams"]

@@ -33,7 +33,7 @@ from trainer.module_adapter import align_lightning_rank, attach, automatic_optim
 from trainer.optimizers import ManualOptimizer, NoOptimizer, check_schedulers, init_optimizers
 from trainer.profiler import is_profiling
 from trainer.seed import reset_seed
-from trainer.validation import apply_backend_flags
+from trainer.validation import apply_backend_flags, as_items
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -53,8 +53,6 @@ def run_stage(trainer: Trainer, stage: str, model: nn.Module, data: dict[str, An
     trainer.state.fn, trainer.state.stage = stage, _RUNNING_STAGE[stage]
     trainer.data.reset({"train": data.get("train_dataloaders"), "validate": data.get("val_dataloaders")}
                        if stage == "fit" else {_DATA_STAGE[stage]: data.get("dataloaders")})
-    if stage == "fit":
-        trainer.metric_store.clear_views()  # evaluation stages clear them when their loop starts
     attach(model, trainer)
     if trainer.datamodule is not None:
         trainer.datamodule.trainer = trainer
@@ -106,7 +104,7 @@ def _add_module_callbacks(trainer: Trainer, model: nn.Module) -> None:
     extra = trainer.callback_list.call_module("configure_callbacks", model)
     if not extra:
         return
-    extra = [adopt_callback(callback) for callback in (extra if isinstance(extra, (list, tuple)) else [extra])]
+    extra = [adopt_callback(callback) for callback in as_items(extra)]
     replaced = {type(callback) for callback in extra}
     kept = [c for c in trainer.callback_list.callbacks if type(c) not in replaced and c not in extra]
     trainer.callback_list.callbacks[:] = checkpoints_last(kept + extra)
@@ -183,6 +181,9 @@ def _fit_watched(trainer: Trainer, module: nn.Module, ckpt: CheckpointRequest) -
         checkpointing.restore_module(trainer.strategy.unwrap(module), checkpoint, path)
         checkpointing.restore_datamodule(trainer, checkpoint)
         checkpointing.restore_callbacks(trainer, module, checkpoint)
+    # Lightning's point: the setup hooks and on_load_checkpoint still saw the last stage's metrics
+    # (evaluation stages clear them when their loop starts)
+    trainer.metric_store.clear_views()
     _configure_optimizers(trainer, module)
     callbacks = trainer.callback_list
     callbacks.call("on_fit_start", trainer, module)

@@ -37,7 +37,7 @@ from trainer.loops.nonfinite import NonFiniteWatch
 from trainer.loops.prediction_run import PredictionRun
 from trainer.run import run_stage
 from trainer.state import LoopState, TrainerStatus
-from trainer.validation import apply_backend_flags, defaults_from_env, resolve_trainer_args
+from trainer.validation import apply_backend_flags, as_items, defaults_from_env, resolve_trainer_args
 
 
 class Trainer:
@@ -64,12 +64,12 @@ class Trainer:
         max_steps: int = -1,
         min_steps: int | None = None,
         max_time: Any = None,
-        limit_train_batches: float | int | None = None,
-        limit_val_batches: float | int | None = None,
-        limit_test_batches: float | int | None = None,
-        limit_predict_batches: float | int | None = None,
-        overfit_batches: float | int = 0.0,
-        val_check_interval: float | int | None = None,
+        limit_train_batches: int | float | None = None,
+        limit_val_batches: int | float | None = None,
+        limit_test_batches: int | float | None = None,
+        limit_predict_batches: int | float | None = None,
+        overfit_batches: int | float = 0.0,
+        val_check_interval: int | float | None = None,
         check_val_every_n_epoch: int | None = 1,
         num_sanity_val_steps: int | None = None,
         log_every_n_steps: int | None = None,
@@ -171,7 +171,7 @@ class Trainer:
             from trainer.loggers import TensorBoardLogger
 
             return [TensorBoardLogger(save_dir=self.default_root_dir)]
-        loggers = list(logger) if isinstance(logger, (list, tuple)) else [logger]
+        loggers = as_items(logger)
         for item in loggers:
             if not is_logger(item):
                 raise TypeError(f"logger must be a Logger (ours or Lightning's), a list of them, True or False; "
@@ -185,7 +185,7 @@ class Trainer:
         from trainer.callbacks import ModelCheckpoint, ModelSummary, TQDMProgressBar
         from trainer.callbacks.telemetry import TelemetryMonitor
 
-        given = [callbacks] if callbacks is not None and not isinstance(callbacks, (list, tuple)) else list(callbacks or [])
+        given = as_items(callbacks) if callbacks is not None else []
         result = [adopt_callback(callback) for callback in given]
         if not isinstance(telemetry, bool):
             raise TypeError(f"enable_telemetry must be True or False, got {telemetry!r}.")

@@ -11,13 +11,21 @@ import functools
 import inspect
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
 import torch
 
 from trainer.precision import normalize_precision
+
+def as_items(value: Any) -> list[Any]:
+    """One object, or every object of any iterable of them, as Lightning takes `callbacks` and `logger`:
+    a list, a tuple, or the ListConfig that Hydra's `instantiate` passes for a list in a config."""
+    if isinstance(value, Iterable) and not isinstance(value, (str, bytes, Mapping)):
+        return list(value)
+    return [value]
+
 
 _ALGORITHMS = ("norm", "value")
 # Switched off by barebones=True; passing one of them switched on together with it is an error.

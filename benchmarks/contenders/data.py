@@ -37,8 +37,8 @@ def autocast(args: argparse.Namespace, device: torch.device) -> contextlib.Abstr
 
 
 def loader(work: Workload, total_steps: int, ranks: int) -> DataLoader:
-    """Sequential (no shuffle), so the distributed samplers of every contender shard it alike:
-    rank r gets samples r, r + ranks, ... A plain DataLoader: each framework injects its sampler."""
+    """A plain DataLoader: each framework injects its training sampler, which shuffles whatever the loader
+    says (Lightning's rule, ours too), seeded alike; the hand-written torch DDP contender builds the same."""
     dataset = work.dataset(total_steps * work.batch_size * ranks)
     return DataLoader(dataset, batch_size=work.batch_size, shuffle=False, drop_last=True)
 

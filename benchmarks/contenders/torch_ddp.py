@@ -1,9 +1,12 @@
 """The hand-written baseline: torch.multiprocessing.spawn + DistributedDataParallel, as in the
-PyTorch DDP tutorial, with torch's default DDP settings (bucket_cap_mb=25, grads copied into buckets)."""
+PyTorch DDP tutorial, with torch's default DDP settings (bucket_cap_mb=25, grads copied into buckets).
+Its DistributedSampler shuffles, seeded as the Trainers' injected samplers are, so every contender
+trains on the same batches."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 
 import torch
@@ -15,6 +18,10 @@ from torch.utils.data.distributed import DistributedSampler
 from benchmarks.contenders.data import device_for, loader, train_raw, workload
 from benchmarks.probe import Probe, parse_args, threads_per_rank
 from benchmarks.workloads import make_optimizer
+from strategies.sampler import SEED_VARIABLE
+
+
+SEED = int(os.environ.get(SEED_VARIABLE, 0))  # the seed both Trainers' training samplers use
 
 
 def worker(rank: int, args: argparse.Namespace, port: int) -> None:
@@ -29,7 +36,7 @@ def worker(rank: int, args: argparse.Namespace, port: int) -> None:
     optimizer = make_optimizer(work, model)
     data = loader(work, probe.total_steps, args.devices)
     data = torch.utils.data.DataLoader(data.dataset, batch_size=work.batch_size, drop_last=True,
-                                       sampler=DistributedSampler(data.dataset, shuffle=False))
+                                       sampler=DistributedSampler(data.dataset, shuffle=True, seed=SEED))
     train_raw(model, optimizer, data, probe, rank, args, device)
     dist.destroy_process_group()
 

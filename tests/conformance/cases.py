@@ -10,8 +10,8 @@ from typing import Any
 from tests.conformance import corpus
 from tests.conformance.corpus import (AccumulateModule, BatchNormModule, ClassificationData, ClipModule,
                                       CustomClipModule, DictData, EpochLossModule, HooksModule, HParamsModule,
-                                      LazyModule, LoggingModule, ManualGAN, RankShiftedData, RegressionData, Regressor,
-                                      SCHEDULER_FORMS, SchedulerModule, TemplateModule, TransferModule, TwoLoaderData,
+                                      LazyModule, LoggingModule, ManualGAN, NoisyData, RankShiftedData, RegressionData,
+                                      Regressor, SCHEDULER_FORMS, SchedulerModule, TemplateModule, TransferModule, TwoLoaderData,
                                       TwoLoadersModule, UnifiedClassificationData, UnifiedHooksModule,
                                       UnifiedTemplateModule)
 
@@ -72,6 +72,12 @@ _CASE_LIST = [
     # A training loader built with shuffle=False: under DDP both Trainers still shuffle its shards.
     Case("unshuffled_train", _build(Regressor), lambda: _recorded_class(RegressionData)(shuffle=False),
          {"max_epochs": 2}),
+    # Limits on a dataset with random augmentation: no Trainer may fetch a batch past a limit.
+    Case("limited_noisy", _build(Regressor), _build(NoisyData),
+         {"max_epochs": 3, "limit_train_batches": 3, "limit_val_batches": 2, "log_every_n_steps": 1},
+         (("fit", {}), ("validate", {}), ("test", {}))),
+    # fit() again on the same Trainer once max_epochs is reached: Lightning skips the training run.
+    Case("fit_again_done", _build(HooksModule), None, {"max_epochs": 1}, (("fit", {}), ("fit", {}), ("test", {}))),
     Case("two_val_loaders", _build(TwoLoadersModule), _build(TwoLoaderData), _EVERY_BATCH,
          (("fit", {}), ("validate", {}), ("test", {}))),
     Case("manual_two_optimizers", _build(ManualGAN), _build(RegressionData), _EVERY_BATCH, fast=True,
@@ -104,4 +110,5 @@ _CASE_LIST = [
 ]
 CASES: dict[str, Case] = {case.name: case for case in _CASE_LIST}
 # Run at 2 processes too (Lightning ddp_spawn vs our ddp).
-TWO_PROCESS_CASES = ("template", "logging", "manual_two_optimizers", "hparams_checkpoint", "unshuffled_train")
+TWO_PROCESS_CASES = ("template", "logging", "manual_two_optimizers", "hparams_checkpoint", "unshuffled_train",
+                     "limited_noisy")

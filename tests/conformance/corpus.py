@@ -58,12 +58,8 @@ class DictDataset(Dataset):
         return {"x": x, "y": y}
 
 
-class RankShiftedDataset(Dataset):
-    """`regression(n, seed)` rows whose features depend on the rank reading them (at
-    `__getitem__`, in the worker): rank r sees `x * (1 + r) + 3 r`, so rank 0's batches have mean
-    about 0 and std about 1, rank 1's mean about 3 and std about 2. Each rank's BatchNorm running
-    statistics then drift far apart during training, and which rank's statistics an evaluation
-    forward uses changes its loss by far more than any tolerance."""
+class TransformedRegression(Dataset):
+    """`regression(n, seed)` rows whose features pass through `transform` at every fetch (in the worker)."""
 
     def __init__(self, n: int, seed: int) -> None:
         self.inner = regression(n, seed)
@@ -73,8 +69,21 @@ class RankShiftedDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = self.inner[index]
+        return self.transform(x), y
+
+    def transform(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class RankShiftedDataset(TransformedRegression):
+    """Features that depend on the rank reading them: rank r sees `x * (1 + r) + 3 r`, so rank 0's
+    batches have mean about 0 and std about 1, rank 1's mean about 3 and std about 2. Each rank's
+    BatchNorm running statistics then drift far apart during training, and which rank's statistics an
+    evaluation forward uses changes its loss by far more than any tolerance."""
+
+    def transform(self, x: torch.Tensor) -> torch.Tensor:
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-        return x * (1 + rank) + 3.0 * rank, y
+        return x * (1 + rank) + 3.0 * rank
 
 
 class RankShiftedData(pl.LightningDataModule):
@@ -159,6 +168,19 @@ class RegressionData(pl.LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         return DataLoader(self.sets[3], batch_size=self.batch_size)
+
+
+class NoisyDataset(TransformedRegression):
+    """A random augmentation, as real datasets have: every fetch draws from torch's global generator,
+    so a batch fetched and thrown away changes every later batch and shuffle."""
+
+    def transform(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 0.01 * torch.randn_like(x)
+
+
+class NoisyData(RegressionData):
+    def setup(self, stage: str) -> None:
+        self.sets = [NoisyDataset(n, seed) for n, seed in zip(self.sizes, (1, 2, 3, 4))]
 
 
 class TwoLoaderData(RegressionData):
@@ -633,7 +655,8 @@ _BASES = {"pytorch_lightning": (pl.LightningModule, pl.LightningDataModule),
           "lightning.pytorch": (L.LightningModule, L.LightningDataModule)}
 for _cls, _package in [(ClassificationData, "pytorch_lightning"), (UnifiedClassificationData, "lightning.pytorch"),
                        (RegressionData, "pytorch_lightning"), (TwoLoaderData, "pytorch_lightning"),
-                       (DictData, "pytorch_lightning"), (RankShiftedData, "pytorch_lightning")]:
+                       (DictData, "pytorch_lightning"), (RankShiftedData, "pytorch_lightning"),
+                       (NoisyData, "pytorch_lightning")]:
     _recorded = recorded(_cls, _BASES[_package][1], src="datamodule")
     globals()[_recorded.__name__] = _recorded
 for _cls, _package in [(TemplateModule, "pytorch_lightning"), (UnifiedTemplateModule, "lightning.pytorch"),

@@ -48,6 +48,7 @@ class Recorder:
 
     def __init__(self, directory: str, run: str, parent_pid: int | None = None) -> None:
         self.directory, self.run, self.parent_pid = directory, run, parent_pid
+        self.train_loader_requested = False  # in the stage now running (see `snapshot`)
         os.makedirs(directory, exist_ok=True)
 
     def write(self, event: dict[str, Any], rank: int | None = None) -> None:
@@ -58,6 +59,7 @@ class Recorder:
 
     def mark(self, stage: str) -> None:
         """A driver-side marker: "the test now calls trainer.<stage>"."""
+        self.train_loader_requested = False
         self.write({"stream": "hooks", "src": "driver", "hook": stage, "args": {}, "data": {}, "state": None})
 
     def read(self) -> dict[int, list[dict[str, Any]]]:
@@ -92,7 +94,8 @@ class Recorder:
             if item is not None:
                 data[key] = item
         data.update(_probes(name, module))
-        state = snapshot(trainer, module) if with_state and trainer is not None else None
+        self.train_loader_requested |= name == "train_dataloader"
+        state = snapshot(trainer, module, self.train_loader_requested) if with_state and trainer is not None else None
         self.write({"stream": "hooks", "src": src, "hook": name, "args": args, "data": data, "state": state},
                    rank=_rank_of(trainer))
 
@@ -234,15 +237,16 @@ _STATE_ATTRIBUTES = ("global_step", "current_epoch", "num_training_batches", "nu
                      "world_size", "global_rank", "is_global_zero")
 
 
-def snapshot(trainer: Any, module: Any) -> dict[str, Any]:
+def snapshot(trainer: Any, module: Any, train_loader_requested: bool = True) -> dict[str, Any]:
     """The `trainer.*` values hooks commonly read, the learning rates and the metric dicts."""
     state: dict[str, Any] = {name: _read(trainer, name) for name in _STATE_ATTRIBUTES}
     status = getattr(trainer, "state", None)
     state["state.fn"] = _plain(getattr(status, "fn", ABSENT))
     state["state.stage"] = _plain(getattr(status, "stage", ABSENT))
-    if state["state.fn"] == "fit" and isinstance(state["num_training_batches"], int):
-        # Only once the training loader is loaded: before that, reading the estimate makes either
-        # Trainer load it early, and the recorder would change the call sequence it records.
+    if state["state.fn"] == "fit" and isinstance(state["num_training_batches"], int) and train_loader_requested:
+        # Only once this stage has loaded the training loader: before that, reading the estimate makes
+        # either Trainer load it early (in a second fit, the count left by the first is an int already),
+        # and the recorder would change the call sequence it records.
         state["estimated_stepping_batches"] = _read(trainer, "estimated_stepping_batches")
     state["module.training"] = bool(getattr(module, "training", False))
     state["grad_enabled"] = torch.is_grad_enabled()

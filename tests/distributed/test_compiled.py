@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from strategies import DDPStrategy
 from tests.helpers.compile_backends import LOG_VARIABLE, MlpSteps, graphs_compiled, recording_aot_eager
@@ -71,7 +71,9 @@ def _torch_ddp_compiled(rank: int, world_size: int) -> dict[str, torch.Tensor]:
     ddp = torch.compile(DistributedDataParallel(model), backend=recording_aot_eager)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     x, y = _data().tensors
-    mine = torch.arange(rank, SAMPLES, world_size)  # DistributedSampler(shuffle=False)'s shard
+    # The shard our Trainer trains on: a training DistributedSampler always shuffles (Lightning's rule)
+    mine = torch.tensor(list(DistributedSampler(range(SAMPLES), num_replicas=world_size, rank=rank, shuffle=True,
+                                                seed=int(os.environ.get("PL_GLOBAL_SEED", 0)))))
     for start in range(0, len(mine), BATCH):
         index = mine[start:start + BATCH]
         optimizer.zero_grad()

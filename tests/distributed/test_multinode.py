@@ -34,7 +34,7 @@ def _fit(devices: int, num_nodes: int, out_dir: str | None = None) -> torch.nn.M
     trainer = Trainer(accelerator="cpu", devices=devices, num_nodes=num_nodes, strategy="ddp" if out_dir else "single",
                       max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                       enable_model_summary=False)
-    trainer.fit(model, datamodule=RegressionData(batch_size=8 if out_dir else 16))
+    trainer.fit(model, datamodule=RegressionData(batch_size=8 if out_dir else 16, global_order=out_dir is None))
     if out_dir is not None:
         torch.save(model.state_dict(), Path(out_dir, f"rank{trainer.global_rank}-of-{trainer.world_size}.pt"))
     return model

@@ -23,7 +23,7 @@ def _fit(tmp_path: Path, devices: int, batch_size: int, strategy: Any, **kwargs:
     trainer = Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_epochs=2, logger=False,
                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                       default_root_dir=tmp_path, callbacks=[agreement], **kwargs)
-    trainer.fit(model, datamodule=RegressionData(batch_size=batch_size))
+    trainer.fit(model, datamodule=RegressionData(batch_size=batch_size, global_order=devices == 1))
     return model, trainer
 
 

@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
 from strategies import DDPStrategy
-from tests.helpers.models import regression_data
+from tests.helpers.models import ddp_training_order, regression_data
 from tests.helpers.spawn import free_port
 from trainer import LightningModule, Trainer
 from trainer.callbacks import Callback
@@ -43,9 +43,11 @@ def _loss(net: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return nn.functional.mse_loss(net(x).float(), y)
 
 
-def _loader() -> DataLoader:
+def _loader(in_ddp_order: bool = False) -> DataLoader:
+    """`in_ddp_order`: the order our Trainer's (shuffled) training sampler takes, for the hand-written loop."""
     x, y = regression_data(STEPS * BATCH, FEATURES, seed=0).tensors
-    return DataLoader(TensorDataset(x, y / y.std()), batch_size=BATCH)  # unit-scale targets: a few steps learn
+    data = TensorDataset(x, y / y.std())  # unit-scale targets: a few steps learn
+    return DataLoader(data, batch_size=BATCH, sampler=ddp_training_order(data) if in_ddp_order else None)
 
 
 class ParityModule(LightningModule):
@@ -101,7 +103,7 @@ def torch_ddp(precision: str, device_type: str) -> dict[str, Any]:
         net = _net().to(device)
         model = DistributedDataParallel(net, device_ids=[0] if cuda else None)
         optimizer, losses = _optimizer(model.parameters()), []
-        for x, y in _loader():
+        for x, y in _loader(in_ddp_order=True):
             autocast = (torch.autocast(device_type, dtype=torch.bfloat16) if precision == "bf16-mixed"
                         else contextlib.nullcontext())
             with autocast:

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
 from trainer import LightningDataModule, LightningModule
+
+
+def ddp_training_order(dataset: Dataset) -> DistributedSampler:
+    """The order in which a DDP run's training shards, taken together, visit the samples: the shuffled
+    DistributedSampler's global permutation (Lightning's rule and ours), seeded by the global seed and
+    reshuffled each epoch. One process drawing in this order trains on the same global batches."""
+    return DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True,  # type: ignore[arg-type]
+                              seed=int(os.environ.get("PL_GLOBAL_SEED", 0)))
 
 
 def regression_data(n: int = 64, features: int = 4, seed: int = 0) -> TensorDataset:
@@ -52,15 +61,20 @@ class TinyRegressor(LightningModule):
 
 
 class RegressionData(LightningDataModule):
-    def __init__(self, n: int = 64, batch_size: int = 8, shuffle: bool = False) -> None:
+    """`global_order=True`: the training samples in a DDP run's global order (`ddp_training_order`), for
+    the one-process reference of a DDP run."""
+
+    def __init__(self, n: int = 64, batch_size: int = 8, shuffle: bool = False, global_order: bool = False) -> None:
         super().__init__()
-        self.n, self.batch_size, self.shuffle = n, batch_size, shuffle
+        self.n, self.batch_size, self.shuffle, self.global_order = n, batch_size, shuffle, global_order
 
     def setup(self, stage: str) -> None:
         self.train_set = regression_data(self.n, seed=0)
         self.val_set = regression_data(self.n // 2, seed=1)
 
     def train_dataloader(self) -> DataLoader:
+        if self.global_order:
+            return DataLoader(self.train_set, batch_size=self.batch_size, sampler=ddp_training_order(self.train_set))
         return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=self.shuffle)
 
     def val_dataloader(self) -> DataLoader:

@@ -61,7 +61,8 @@ def _unsized_limit(limit: int | float, stage: str) -> int:
 
 def iterate_limited(trainer: Trainer, loader: Any, stage: str, skip: int = 0,
                     on_resumed: Callable[[], None] | None = None, start_at: int = 0,
-                    dataloader_idx: int = 0, limit: int | None = None) -> Iterator[tuple[int, Any]]:
+                    dataloader_idx: int = 0, limit: int | None = None,
+                    opened: Iterator[Any] | None = None) -> Iterator[tuple[int, Any]]:
     """Yield `(batch_idx, batch on this rank's device)`, stopping at the stage's limit.
 
     `skip` fast-forwards a resumed epoch: skipped batches are drawn from the loader (so the
@@ -70,14 +71,15 @@ def iterate_limited(trainer: Trainer, loader: Any, stage: str, skip: int = 0,
     else once the finished batches are drawn and before the next one is fetched. `start_at`
     numbers the batches from there without drawing any: the loader's sampler already starts
     mid-epoch (a resume on another number of processes), so its length is what is left.
-    `limit` overrides the stage's batch limit (the sanity check's few batches).
+    `limit` overrides the stage's batch limit (the sanity check's few batches). `opened` is the
+    loader's iterator when it was created ahead (`open_loader`), else one is created here.
     """
     limit = num_batches(trainer, loader, stage) if limit is None else limit
     if limit == 0:
         return
-    batches: Iterable[Any] = loader
+    batches: Iterable[Any] = loader if opened is None else opened
     if stage == "train" and trainer.world_size > 1 and _may_be_uneven(loader):
-        batches = stop_together(trainer.strategy, loader)
+        batches = stop_together(trainer.strategy, batches)
     if on_resumed is not None and skip == 0:
         on_resumed()  # the checkpoint was taken between epochs, before this iterator existed
     iterator = iter(batches)
@@ -88,12 +90,15 @@ def iterate_limited(trainer: Trainer, loader: Any, stage: str, skip: int = 0,
             return
     if on_resumed is not None and skip > 0:
         on_resumed()  # mid-epoch: after the finished batches, before the next one
-    for batch_idx, batch in enumerate(iterator, start=skip + start_at):
-        if 0 <= limit <= batch_idx - start_at:
-            break
+    batch_idx = skip + start_at
+    while limit < 0 or batch_idx - start_at < limit:  # never fetch past the limit (as Lightning): a fetch
+        batch = next(iterator, _EXHAUSTED)             # runs the dataset's random transforms
+        if batch is _EXHAUSTED:
+            return
         batch = transfer_batch(trainer, batch, dataloader_idx)
         trainer.metric_store.current_batch_size = _batch_size(batch)
         yield batch_idx, batch
+        batch_idx += 1
 
 
 def _timed(iterator: Iterator[Any], profiler: Any, action: str) -> Iterator[Any]:
@@ -133,6 +138,13 @@ def _may_be_uneven(loader: Any) -> bool:
 def members(loader: Any) -> list[Any]:
     """The loaders behind one entry of a stage (several for a CombinedLoader)."""
     return loader.flattened if isinstance(loader, CombinedLoader) else [loader]
+
+
+def open_loader(loader: Iterable[Any]) -> Iterator[Any]:
+    """The loader's iterator, created now. Creating one draws the DataLoader's base seed from torch's
+    generator (and starts its worker processes), so *when* it is created decides what later draws see:
+    Lightning creates the first epoch's before `on_train_start`."""
+    return iter(loader)
 
 
 def stop_together(strategy: Any, loader: Iterable[Any]) -> Iterator[Any]:

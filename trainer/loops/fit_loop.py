@@ -22,7 +22,7 @@ from typing import Any, TYPE_CHECKING
 from torch import nn
 
 from strategies.rank_zero import rank_zero_info, rank_zero_warn
-from trainer.loops.batches import iterate_limited, num_batches, set_sampler_epoch
+from trainer.loops.batches import iterate_limited, num_batches, open_loader, set_sampler_epoch
 from trainer.loops.signatures import check_training_signature
 from trainer.loops.step_iterator import StepIterator, takes_dataloader_iter
 from trainer.loops.evaluation import has_step, run_evaluation, run_sanity_check
@@ -54,11 +54,13 @@ def run_fit(trainer: Trainer, module: nn.Module) -> None:
         rank_zero_warn("The training dataloader yields no batches (an empty dataset, or drop_last with fewer samples "
                        "than batch_size per rank): nothing to train on.")
         return
+    _advance_past_finished_epoch(trainer)
+    if _fit_done(trainer):  # an earlier fit (or the checkpoint) reached max_epochs/max_steps: Lightning
+        return              # then runs no training at all, not even on_train_start/on_train_end
     if validates_in_epoch(trainer):  # the first epoch validates: its loaders now (the progress bar shows them)
         _ensure_val_loaders(trainer, module)
     _check_val_interval(trainer)
     _continue_sample_stream(trainer, train_loader)
-    _advance_past_finished_epoch(trainer)
     _count_skipped_validation(trainer, module)
     resume = ResumePoint.take(state)  # the checkpoint's position inside the first epoch, if any
     state.restarting = state.batch_in_epoch > 0
@@ -67,12 +69,14 @@ def run_fit(trainer: Trainer, module: nn.Module) -> None:
     if state.batch_in_epoch == 0:
         trainer.metric_store.reset_stage("train")
     _warn_about_eval_mode(module)
+    opened = _open_first_epoch(trainer, train_loader) if resume is None else None
     callbacks.call("on_train_start", trainer, module)
     while not _fit_done(trainer):
-        train_loader = _maybe_reload(trainer, module, train_loader)
+        reloaded = _maybe_reload(trainer, module, train_loader)
+        opened, train_loader = (opened if reloaded is train_loader else None), reloaded
         with trainer.profiler.profile("run_training_epoch"):
-            _run_epoch(trainer, module, train_loader, resume)
-        resume, state.restarting = None, False
+            _run_epoch(trainer, module, train_loader, resume, opened)
+        resume, state.restarting, opened = None, False, None
         state.current_epoch += 1
         state.batch_in_epoch = state.samples_in_epoch = 0
         if not _fit_done(trainer):
@@ -131,12 +135,23 @@ def _as_count(total: int) -> int | float:
     return float("inf") if total < 0 else total
 
 
-def _run_epoch(trainer: Trainer, module: nn.Module, train_loader: Any, resume: ResumePoint | None) -> None:
-    """One training epoch; `resume`: where the first epoch of a resumed fit picks up (trainer/loops/resume.py)."""
+def _open_first_epoch(trainer: Trainer, train_loader: Any) -> Any:
+    """The first epoch's iterator, created before `on_train_start` as Lightning does. A fit that goes on
+    from an earlier fit's epoch (not from a checkpoint) gets None: Lightning creates a second iterator when
+    that epoch starts, and the first one's draw from torch's generator is gone all the same."""
+    set_sampler_epoch(train_loader, trainer.current_epoch)
+    opened = open_loader(train_loader)
+    return opened if trainer.current_epoch == 0 or trainer.ckpt_path is not None else None
+
+
+def _run_epoch(trainer: Trainer, module: nn.Module, train_loader: Any, resume: ResumePoint | None,
+               opened: Any = None) -> None:
+    """One training epoch; `resume`: where the first epoch of a resumed fit picks up (trainer/loops/resume.py);
+    `opened`: the loader's iterator if it was created ahead."""
     state, callbacks, store = trainer.loop_state, trainer.callback_list, trainer.metric_store
     set_sampler_epoch(train_loader, state.current_epoch)
     batches = resume.open(trainer, train_loader) if resume is not None else iterate_limited(trainer, train_loader,
-                                                                                            "train")
+                                                                                            "train", opened=opened)
     if state.batch_in_epoch == 0:  # a run resumed mid-epoch continues the epoch: no new epoch starts
         state.scheduler_steps_in_epoch = state.fit_validation.total = 0  # Lightning's per-epoch counters
         callbacks.call("on_train_epoch_start", trainer, module)

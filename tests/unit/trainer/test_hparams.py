@@ -1,4 +1,4 @@
-"""Hyperparameters stored in checkpoints must be plain Python, whatever the user passed."""
+"""Hyperparameters stored in checkpoints: Hydra configs as plain Python, other objects as Lightning stores them."""
 
 from __future__ import annotations
 
@@ -10,21 +10,26 @@ import torch
 from omegaconf import OmegaConf
 
 from trainer import Trainer
-from trainer.hparams import plain_hparams
+import pytest
+
+from trainer.hparams import checkpoint_hparams
 
 
 def test_omegaconf_values_become_plain_resolved_containers() -> None:
     cfg = OmegaConf.create({"width": 8, "model": {"hidden": "${width}", "layers": [1, 2]}})
-    params = plain_hparams({"model": cfg.model, "lr": 0.1})
+    params = checkpoint_hparams({"model": cfg.model, "lr": 0.1})
     assert params == {"model": {"hidden": 8, "layers": [1, 2]}, "lr": 0.1}
     assert type(params["model"]) is dict and type(params["model"]["layers"]) is list
 
 
-def test_other_objects_are_stored_as_their_repr(tmp_path: Path) -> None:
-    params = plain_hparams({"ns": argparse.Namespace(a=1), "t": torch.tensor([1.0, 2.0]), "none": None})
-    assert params == {"ns": "Namespace(a=1)", "t": repr(torch.tensor([1.0, 2.0])), "none": None}
-    torch.save(params, tmp_path / "hparams.pt")
-    assert torch.load(tmp_path / "hparams.pt", weights_only=True) == params
+def test_other_objects_are_stored_as_themselves_and_unpicklable_ones_as_their_repr() -> None:
+    namespace, tensor = argparse.Namespace(a=1), torch.tensor([1.0, 2.0])
+    params = checkpoint_hparams({"ns": namespace, "t": tensor, "none": None, "betas": (0.9, 0.99)})
+    assert params["ns"] is namespace and params["t"] is tensor and params["none"] is None
+    assert params["betas"] == (0.9, 0.99) and type(params["betas"]) is tuple
+    with pytest.warns(UserWarning, match="'act' \\(function\\) cannot be pickled.*act=\\.\\.\\."):
+        kept = checkpoint_hparams({"act": lambda x: x})
+    assert kept["act"].startswith("<function")
 
 
 def _fit_and_load(trainer_class: type, model_class: type, data_class: type, hparams: object,

@@ -1,0 +1,78 @@
+"""LightningCLI programs under Lightning's CLI and ours (`from trainer.lightning_cli import LightningCLI`):
+the same command lines and YAML files end in the same results. The program is
+tests/conformance/lightning_cli_program.py, unchanged between the two; each run is its own process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+QUIET = ["--trainer.accelerator=cpu", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+
+
+def _run(which: str, mode: str, arguments: list[str], root: Path) -> dict[str, Any]:
+    command = [sys.executable, "-m", "tests.conformance.lightning_cli_program", which, mode, *arguments]
+    done = subprocess.run(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "CLI_RESULTS": str(root)},
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, f"{which}: {done.stderr[-3000:]}"
+    result = json.loads((root / "rank0.json").read_text())  # the launching process's
+    result.pop("rank")
+    result["log_dir"] = os.path.relpath(result["log_dir"], root) if result["log_dir"] else None
+    return result
+
+
+def _both(mode: str, arguments: list[str], tmp_path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    runs = []
+    for which in ("lightning", "ours"):
+        root = tmp_path / which
+        runs.append(_run(which, mode, [*arguments, f"--trainer.default_root_dir={root}"], root))
+    lightning, ours = runs
+    assert (lightning.pop("trainer"), ours.pop("trainer")) == ("pytorch_lightning", "trainer")
+    return lightning, ours
+
+
+@pytest.mark.timeout(300)
+def test_flags_and_a_yaml_config_give_what_lightnings_cli_gives(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("trainer:\n  max_epochs: 2\n  limit_val_batches: 2\nmodel:\n  hidden: 5\ndata:\n  batch_size: 8\n")
+    lightning, ours = _both("cli", ["fit", f"--config={config}", "--model.lr=0.05", "--trainer.devices=1", *QUIET],
+                            tmp_path)
+    assert ours == lightning
+    assert ours["global_step"] == 8 and ours["hparams"]["hidden"] == 5 and ours["hparams"]["lr"] == 0.05
+    saved = tmp_path / "ours" / ours["log_dir"] / "config.yaml"  # SaveConfigCallback wrote the full config
+    assert "hidden: 5" in saved.read_text() and "max_epochs: 2" in saved.read_text()
+
+
+@pytest.mark.timeout(300)
+def test_test_subcommand_from_a_checkpoint_and_a_subclass_with_linked_arguments(tmp_path: Path) -> None:
+    fit = ["fit", "--trainer.max_epochs=1", "--trainer.devices=1", "--data.features=3", *QUIET]
+    lightning, ours = _both("subclass", fit, tmp_path / "fit")
+    assert ours == lightning and ours["before_fit"] and ours["hparams"]["features"] == 3  # linked data -> model
+    checkpoint = next((tmp_path / "fit" / "ours").rglob("*.ckpt"))
+    test = ["test", f"--ckpt_path={checkpoint}", "--trainer.devices=1", "--data.features=3", *QUIET]
+    lightning, ours = _both("subclass", test, tmp_path / "test")
+    assert ours == lightning and "test_loss" in ours["metrics"]
+
+
+@pytest.mark.timeout(300)
+def test_run_false_leaves_the_program_to_call_the_trainer(tmp_path: Path) -> None:
+    lightning, ours = _both("no_run", ["--trainer.max_epochs=1", "--trainer.devices=1", *QUIET], tmp_path)
+    assert ours == lightning and ours["outputs"][0]["test_loss"] > 0
+
+
+@pytest.mark.conformance
+@pytest.mark.timeout(420)
+def test_two_processes_under_both_clis(tmp_path: Path) -> None:
+    """Lightning's `ddp` against ours, 2 CPU processes: rank 0 is the CLI's own process in both."""
+    arguments = ["fit", "--trainer.max_epochs=2", "--trainer.devices=2", "--trainer.strategy=ddp", *QUIET]
+    lightning, ours = _both("cli", arguments, tmp_path)
+    assert ours.pop("weights") == pytest.approx(lightning.pop("weights"), abs=1e-4)
+    assert ours.pop("metrics") == pytest.approx(lightning.pop("metrics"), abs=1e-4)
+    assert ours == lightning and ours["global_step"] == 8
