@@ -110,5 +110,7 @@ _CASE_LIST = [
 ]
 CASES: dict[str, Case] = {case.name: case for case in _CASE_LIST}
 # Run at 2 processes too (Lightning ddp_spawn vs our ddp).
+# (fit_again_done is not among them: Lightning's ddp_spawn refuses a second fit on one Trainer; a second fit
+# at 2 processes is compared against Lightning's ddp in test_caller_state.py.)
 TWO_PROCESS_CASES = ("template", "logging", "manual_two_optimizers", "hparams_checkpoint", "unshuffled_train",
                      "limited_noisy")
