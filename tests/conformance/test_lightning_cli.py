@@ -1,5 +1,6 @@
 """LightningCLI programs under Lightning's CLI and ours (`from trainer.lightning_cli import LightningCLI`):
-the same command lines and YAML files end in the same results. The program is
+the same command lines and YAML files end in the same results. `make test` runs the YAML one; `make
+conformance` the rest. The program is
 tests/conformance/lightning_cli_program.py, unchanged between the two; each run is its own process."""
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def test_flags_and_a_yaml_config_give_what_lightnings_cli_gives(tmp_path: Path) 
     assert "hidden: 5" in saved.read_text() and "max_epochs: 2" in saved.read_text()
 
 
+@pytest.mark.conformance
 @pytest.mark.timeout(300)
 def test_test_subcommand_from_a_checkpoint_and_a_subclass_with_linked_arguments(tmp_path: Path) -> None:
     fit = ["fit", "--trainer.max_epochs=1", "--trainer.devices=1", "--data.features=3", *QUIET]
@@ -61,6 +63,7 @@ def test_test_subcommand_from_a_checkpoint_and_a_subclass_with_linked_arguments(
     assert ours == lightning and "test_loss" in ours["metrics"]
 
 
+@pytest.mark.conformance
 @pytest.mark.timeout(300)
 def test_run_false_leaves_the_program_to_call_the_trainer(tmp_path: Path) -> None:
     lightning, ours = _both("no_run", ["--trainer.max_epochs=1", "--trainer.devices=1", *QUIET], tmp_path)

@@ -139,9 +139,11 @@ def _open_first_epoch(trainer: Trainer, train_loader: Any) -> Any:
     """The first epoch's iterator, created before `on_train_start` as Lightning does. A fit that goes on
     from an earlier fit's epoch (not from a checkpoint) gets None: Lightning creates a second iterator when
     that epoch starts, and the first one's draw from torch's generator is gone all the same."""
-    set_sampler_epoch(train_loader, trainer.current_epoch)
-    opened = open_loader(train_loader)
-    return opened if trainer.current_epoch == 0 or trainer.ckpt_path is not None else None
+    if trainer.current_epoch > 0 and trainer.ckpt_path is None:
+        open_loader(train_loader)  # drawn and dropped, as Lightning's; the epoch sets its sampler and opens anew
+        return None
+    set_sampler_epoch(train_loader, trainer.current_epoch)  # before: a loader's workers read indices at once
+    return open_loader(train_loader)
 
 
 def _run_epoch(trainer: Trainer, module: nn.Module, train_loader: Any, resume: ResumePoint | None,
@@ -149,7 +151,8 @@ def _run_epoch(trainer: Trainer, module: nn.Module, train_loader: Any, resume: R
     """One training epoch; `resume`: where the first epoch of a resumed fit picks up (trainer/loops/resume.py);
     `opened`: the loader's iterator if it was created ahead."""
     state, callbacks, store = trainer.loop_state, trainer.callback_list, trainer.metric_store
-    set_sampler_epoch(train_loader, state.current_epoch)
+    if opened is None:  # an iterator opened ahead had its sampler's epoch set first (once per epoch, as Lightning)
+        set_sampler_epoch(train_loader, state.current_epoch)
     batches = resume.open(trainer, train_loader) if resume is not None else iterate_limited(trainer, train_loader,
                                                                                             "train", opened=opened)
     if state.batch_in_epoch == 0:  # a run resumed mid-epoch continues the epoch: no new epoch starts
