@@ -22,7 +22,9 @@ instants are host instants, i.e. when work was *issued*.)
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,7 +113,7 @@ class ReducerTelemetry:
         started = now if self._started is None else self._started
         backward_end = now if self._backward_end is None else self._backward_end  # None: finish_backward ended it
         step = StepTimes(backward_s=backward_end - started, exposed_comm_s=now - backward_end,
-                         comm_s=_union_length(self._intervals, now))
+                         comm_s=union_length(self._intervals, now))
         self.last = step
         totals = self.totals
         totals.steps += 1
@@ -138,8 +140,9 @@ class ReducerTelemetry:
         }
 
 
-def _union_length(intervals: list[list[float]], now: float) -> float:
-    """Total length covered by [start, end] intervals (an unfinished one ends `now`)."""
+def union_length(intervals: Iterable[Sequence[float]], now: float = math.inf) -> float:
+    """Total length covered by possibly overlapping [start, end] intervals, counted once where they
+    overlap (an unfinished one, end 0, ends `now`)."""
     total, reach = 0.0, float("-inf")
     for start, end in sorted((start, end or now) for start, end in intervals):
         if end <= reach:

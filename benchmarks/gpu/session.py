@@ -18,13 +18,14 @@ nonzero only when the host had not yet queued the next step when the device fini
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import time
 from collections.abc import Generator
 from typing import IO, Any
 
 import torch
+
+from strategies.telemetry import union_length
 
 FIRST_STEPS = 3  # compiles and first allocations happen here; never timed
 RESUME_STEPS = 2  # after a pause: the allocator takes its blocks back, clocks settle; never timed
@@ -201,7 +202,7 @@ class Session:
             self.marks.sync()
         intervals = [(event.time_range.start, event.time_range.end) for event in profiler.events()
                      if _device_work(event)]
-        busy_us = _union_length(intervals)
+        busy_us = union_length(intervals)
         return {"gpu_busy_ms": busy_us / 1e3 / steps if intervals else None, "device_events": len(intervals)}
 
 
@@ -218,14 +219,3 @@ def _steady(windows: list[float]) -> bool:
         return False
     middle = statistics.median(windows)
     return all(abs(value - middle) <= STEADY_TOLERANCE * middle for value in windows)
-
-
-def _union_length(intervals: list[tuple[float, float]]) -> float:
-    """Total length covered by possibly overlapping intervals (concurrent kernels count once)."""
-    total, reach = 0.0, -math.inf
-    for start, end in sorted(intervals):
-        if end <= reach:
-            continue
-        total += end - max(start, reach)
-        reach = end
-    return total

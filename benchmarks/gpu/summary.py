@@ -28,7 +28,7 @@ def contender_figures(entry: dict[str, Any], batch_size: int) -> dict[str, Any] 
     return {"step_ms": step_ms, "step_ms_rounds": per_round, "spread": (min(per_round), max(per_round)),
             "samples_per_s": 1e3 * batch_size / step_ms,
             "measured_steps": sum(r["steps"] for r in rounds),
-            "measured_s": sum(sum(r["window_ms"]) * r["steps"] / len(r["window_ms"]) for r in rounds) / 1e3,
+            "measured_s": sum(statistics.fmean(r["window_ms"]) * r["steps"] for r in rounds) / 1e3,
             "gap_ms": statistics.median(r["gap_ms_median"] for r in rounds),
             "gap_ms_mean": statistics.median(r["gap_ms_mean"] for r in rounds),
             "host_cpu_ms": statistics.median(r["host_cpu_ms"] for r in rounds),

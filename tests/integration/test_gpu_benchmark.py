@@ -68,7 +68,7 @@ def test_a_contender_that_fails_answers_with_its_error_and_stays_ready(tmp_path:
 
 
 def test_busy_time_counts_overlapping_kernels_once_and_ignores_annotations() -> None:
-    assert session._union_length([(0, 10), (5, 12), (20, 25), (21, 22)]) == 17
+    assert session.union_length([(0, 10), (5, 12), (20, 25), (21, 22)]) == 17
     cuda = torch.autograd.DeviceType.CUDA
     kernel = SimpleNamespace(device_type=cuda, is_user_annotation=False)
     annotation = SimpleNamespace(device_type=cuda, is_user_annotation=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from strategies import telemetry as telemetry_module
-from strategies.telemetry import ReducerTelemetry, StepTimes, _union_length
+from strategies.telemetry import ReducerTelemetry, StepTimes, union_length as _union_length
 
 
 class _Clock:
