@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import warnings
 from pathlib import Path
 from typing import Any, TYPE_CHECKING
@@ -248,6 +249,17 @@ def checkpoint_candidates(dirpath: str | None) -> list[str]:
     return [str(path) for path in files]
 
 
+def require_checkpoint_file(ckpt_path: str | os.PathLike[str] | None, keywords: tuple[str, ...] = ("best", "last")) -> None:
+    """The one check that a `ckpt_path` names a checkpoint: None or a keyword the caller resolves later,
+    else an existing file. Run before any worker starts, so a typo costs nothing."""
+    if ckpt_path is None or ckpt_path in keywords:
+        return
+    if not os.path.isfile(ckpt_path):
+        allowed = ", ".join(repr(keyword) for keyword in keywords)
+        raise CheckpointError(f"ckpt_path={os.fspath(ckpt_path)!r} does not exist; pass a checkpoint file, {allowed} "
+                              "or None.")
+
+
 def resolve_ckpt_path(ckpt_path: str | None, checkpoint_dirs: list[str], also: list[str] | None = None) -> list[str]:
     """The files to try, in order: `"last"` -> every checkpoint in the checkpoint directories and
     the existing files of `also` (the preemption checkpoint), newest first (an unreadable one is
@@ -255,8 +267,7 @@ def resolve_ckpt_path(ckpt_path: str | None, checkpoint_dirs: list[str], also: l
     if ckpt_path is None:
         return []
     if ckpt_path != "last":
-        if not Path(ckpt_path).is_file():
-            raise CheckpointError(f"ckpt_path={ckpt_path!r} does not exist.")
+        require_checkpoint_file(ckpt_path)
         return [ckpt_path]
     candidates = [path for directory in checkpoint_dirs for path in checkpoint_candidates(directory)]
     candidates += [path for path in also or [] if Path(path).is_file() and path not in candidates]

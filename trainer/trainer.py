@@ -18,11 +18,10 @@ import torch
 from torch import nn
 
 from strategies import Strategy, resolve_strategy
-from strategies.checkpoint_io import CheckpointError
 from strategies.rank_zero import rank_zero_warn
 from trainer.callbacks.dispatch import (CallbackList, adopt_callback, checkpoints_last, is_checkpoint,
                                        is_early_stopping, is_model_summary, is_progress_bar)
-from trainer.checkpointing import build_checkpoint
+from trainer.checkpointing import build_checkpoint, require_checkpoint_file
 from trainer.combined_loader import CombinedLoader
 from trainer.compiled import unwrap_compiled
 from trainer.logged_metrics import MetricStore
@@ -250,10 +249,7 @@ class Trainer:
             raise TypeError(f"Trainer.{stage}() needs a model: pass one, or call fit(model) first.")
         if data.get("weights_only") not in (None, True, False):
             raise TypeError(f"weights_only={data['weights_only']!r} must be None, True or False.")
-        ckpt_path = data.get("ckpt_path")
-        if ckpt_path not in (None, "last", "best") and not os.path.isfile(ckpt_path):
-            raise CheckpointError(f"ckpt_path={ckpt_path!r} does not exist; pass a checkpoint file, 'best', 'last' "
-                                  "or None.")
+        require_checkpoint_file(data.get("ckpt_path"))
         if data.get("datamodule") is None:
             data["datamodule"] = self.datamodule if model is self.lightning_module else None
         for logger in self.loggers:
