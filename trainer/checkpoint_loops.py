@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 def lightning_loops(trainer: Trainer) -> dict[str, Any]:
     """Our position as Lightning's loop counters (only plain ints and bools): every key Lightning's
     Trainer writes, the fit loop's and its evaluation loops'."""
-    state = trainer.loop_state
+    state = trainer.progress
     fit_state: dict[str, Any] = {}
     loader_states = stateful_loader_states(trainer.data.loaders.get("train") or [])
     if loader_states:
@@ -89,7 +89,7 @@ def _counters(trainer: Trainer) -> tuple[dict[str, Any], dict[str, Any], int]:
     is done and completed once its end hooks have run; a checkpoint written inside those hooks
     holds it as processed but not completed, and Lightning finishes it on resume.
     """
-    state = trainer.loop_state
+    state = trainer.progress
     epoch, done = state.current_epoch, state.batch_in_epoch
     per_epoch = 0 if trainer.num_training_batches == float("inf") else int(trainer.num_training_batches)
     if done == 0:  # between epochs, or after the fit: the last epoch's batches are the current ones

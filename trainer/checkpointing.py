@@ -14,6 +14,7 @@ from strategies.checkpoint_io import CheckpointError
 from trainer.checkpoint_loops import lightning_loops, position_from_lightning, saved_loader_states
 from trainer.compiled import plain_state_dict, state_dict_for
 from trainer.hparams import checkpoint_hparams
+from trainer.loops.resume import ResumePoint
 from trainer.seed import gather_rng_states
 
 if TYPE_CHECKING:
@@ -33,15 +34,15 @@ def build_checkpoint(trainer: Trainer, module: Any, weights_only: bool = False) 
     top-level keys are exactly Lightning's and Lightning's loader (which reads its own loops'
     entries) passes it by. Its RNG states are stored as float64 tensors (exact: every value is
     below 2**53), so tools that compare two checkpoints' loops numerically can."""
-    ours = {**trainer.loop_state.state_dict(), "format": FORMAT, "format_version": FORMAT_VERSION}
+    ours = {**trainer.progress.state_dict(), "format": FORMAT, "format_version": FORMAT_VERSION}
     ours.pop("stage_counts")  # validate/test/predict counts belong to this Trainer, not to the fit resumed
     ours["run"] = run_identity(module)  # a fit resuming automatically checks it is the same run
-    mark = getattr(trainer, "preemption_mark", None)
+    mark = trainer.fit_run.preemption_mark
     if mark:
         ours["preemption"] = dict(mark)  # which signal; written at the agreed step boundary
     checkpoint: dict[str, Any] = {
-        "epoch": trainer.loop_state.current_epoch,
-        "global_step": trainer.loop_state.global_step,
+        "epoch": trainer.progress.current_epoch,
+        "global_step": trainer.progress.global_step,
         "pytorch-lightning_version": lightning_version(module),
         "state_dict": plain_state_dict(module.state_dict()),
         "loops": {**lightning_loops(trainer), OURS_KEY: ours},
@@ -197,9 +198,10 @@ def restore_callbacks(trainer: Trainer, module: Any, checkpoint: dict[str, Any])
     trainer.callback_list.load_state_dict(checkpoint.get("callbacks", {}))
 
 
-def restore_training_state(trainer: Trainer, module: Any, checkpoint: dict[str, Any], path: str) -> None:
-    """Optimizers, schedulers, scaler, loop position, RNG: what `configure_optimizers` built and
-    the loop's position."""
+def restore_training_state(trainer: Trainer, module: Any, checkpoint: dict[str, Any], path: str) -> ResumePoint:
+    """Optimizers, schedulers, scaler and the loop's progress; returns what the fit's first epoch
+    still has to put back (the loaders' positions and every rank's RNG, at the point the checkpoint
+    was taken: trainer/loops/resume.py)."""
     optimizer_states = checkpoint.get("optimizer_states")
     if optimizer_states is None:
         raise CheckpointError(f"{path!r} holds weights only (save_weights_only=True); it cannot resume training. "
@@ -214,11 +216,10 @@ def restore_training_state(trainer: Trainer, module: Any, checkpoint: dict[str, 
     trainer.precision_plugin.load_state_dict(checkpoint.get(_PRECISION_KEY, checkpoint.get("precision", {})))
     trainer.metric_store.load_state_dict(_saved(checkpoint, "metrics", {}))
     trainer.strategy.load_state_dict(_saved(checkpoint, "strategy", {}))
-    trainer.loop_state.load_state_dict(_loop_position(checkpoint, trainer.accumulate_grad_batches))
+    trainer.progress.load_state_dict(_loop_position(checkpoint, trainer.accumulate_grad_batches))
     _check_not_past_max_epochs(trainer, path)
-    trainer.loop_state.loader_states_to_restore = saved_loader_states(checkpoint)
-    # the fit loop applies it, at the point the checkpoint was taken
-    trainer.loop_state.rng_to_restore = _rng_as(torch.int64, _saved(checkpoint, "rng_states", None))
+    return ResumePoint.restored(trainer.progress, saved_loader_states(checkpoint),
+                                _rng_as(torch.int64, _saved(checkpoint, "rng_states", None)))
 
 
 def restore_datamodule(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
@@ -233,8 +234,8 @@ def restore_datamodule(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
 def _check_not_past_max_epochs(trainer: Trainer, path: str) -> None:
     """Resuming past the last epoch would silently train nothing (Lightning raises too)."""
     max_epochs = trainer.max_epochs
-    if max_epochs is not None and max_epochs != -1 and trainer.loop_state.current_epoch > max_epochs:
-        raise CheckpointError(f"{path!r} was written in epoch {trainer.loop_state.current_epoch}, past "
+    if max_epochs is not None and max_epochs != -1 and trainer.progress.current_epoch > max_epochs:
+        raise CheckpointError(f"{path!r} was written in epoch {trainer.progress.current_epoch}, past "
                               f"Trainer(max_epochs={max_epochs}): raise max_epochs to train on, or load only the "
                               "weights (LightningModule.load_from_checkpoint).")
 

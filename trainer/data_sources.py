@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, TYPE_CHECKING
 
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler
@@ -19,6 +20,8 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sequenti
 from strategies.sampler import rebuild_dataloader
 from strategies.rank_zero import rank_zero_warn
 from trainer.combined_loader import CombinedLoader
+from trainer.datamodule import LightningDataModule
+from trainer.lightning_types import is_lightning_instance
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -29,8 +32,8 @@ _BASE_CLASSES = ("LightningDataModule", "LightningModule", "DataHooks", "ModelHo
 
 
 def is_datamodule(obj: Any) -> bool:
-    """Ours or Lightning's DataModule (recognised by its class names, so Lightning is never imported)."""
-    return any(cls.__name__ == "LightningDataModule" for cls in type(obj).__mro__)
+    """Ours or Lightning's DataModule (Lightning's looked up only if it is imported: trainer/lightning_types.py)."""
+    return isinstance(obj, LightningDataModule) or is_lightning_instance(obj, "LightningDataModule")
 
 
 def overrides(owner: Any, hook: str) -> bool:
@@ -50,15 +53,74 @@ def overrides(owner: Any, hook: str) -> bool:
     return method.__qualname__.split(".")[0] not in _BASE_CLASSES
 
 
+INFINITE = float("inf")
+
+
+def unlimited_if_negative(count: int) -> int | float:
+    """Lightning's counts: a negative count (a loader without a length, `max_steps=-1`) is unbounded."""
+    return INFINITE if count < 0 else count
+
+
+@dataclass
+class BatchCounts:
+    """Batches each loop runs, after the `limit_*_batches` (inf: a loader without a length): what the
+    Trainer reports as Lightning's `num_*_batches`. Each loop records its own when it requests its
+    loaders; they stay readable after the stage. Validation keeps two lists, fit's and validate()'s,
+    as Lightning's two validation loops do."""
+
+    train: int | float = INFINITE
+    val: dict[str, list[int | float]] = field(default_factory=dict)  # "fit" or "validate" -> per dataloader
+    sanity_val: list[int | float] = field(default_factory=list)
+    test: list[int | float] = field(default_factory=list)
+    predict: list[int | float] = field(default_factory=list)
+
+    def val_of(self, fn: str | None) -> list[int | float]:
+        """Validation's counts for the entry point now running (`trainer.state.fn`)."""
+        return self.val.get(_validation_owner(fn), [])
+
+    def set_val(self, fn: str | None, counts: list[int]) -> None:
+        self.val[_validation_owner(fn)] = as_counts(counts)
+
+
+def _validation_owner(fn: str | None) -> str:
+    return "validate" if fn == "validate" else "fit"
+
+
+def as_counts(counts: list[int]) -> list[int | float]:
+    return [unlimited_if_negative(count) for count in counts]
+
+
 class DataSources:
-    """The Trainer's record of given dataloaders and of the loaders each stage is using."""
+    """The Trainer's record of given dataloaders, of the loaders each stage is using, and of their
+    batch counts."""
 
     def __init__(self) -> None:
+        self.counts = BatchCounts()
         self.given: dict[str, Any] = {}
         self.loaders: dict[str, list[Any]] = {}
         # evaluation batches run per (stage, dataloader) since its loaders were requested: the step
         # Lightning logs evaluation step values at
         self.seen_batches: dict[tuple[str, int], int] = {}
+
+    @property
+    def train_dataloader(self) -> Any:
+        """The training loader, or the collection of them (as given, with samplers injected)."""
+        loaders = self.loaders.get("train")
+        if not loaders:
+            return None
+        return loaders[0].iterables if isinstance(loaders[0], CombinedLoader) else loaders[0]
+
+    @property
+    def val_dataloaders(self) -> Any:
+        return _one_or_list(self.loaders.get("validate"))
+
+    @property
+    def test_dataloaders(self) -> Any:
+        return _one_or_list(self.loaders.get("test"))
+
+    @property
+    def predict_dataloaders(self) -> Any:
+        return _one_or_list(self.loaders.get("predict"))
 
     def reset(self, given: dict[str, Any]) -> None:
         self.given = {stage: loaders for stage, loaders in given.items() if loaders is not None}
@@ -105,9 +167,8 @@ class DataSources:
         from trainer.loops.batches import num_batches
 
         loaders = self.loaders.get("train") or self.request(trainer, "train")
-        count = num_batches(trainer, loaders[0], "train") if loaders else 0
-        trainer.num_training_batches = float("inf") if count < 0 else count
-        return trainer.num_training_batches
+        self.counts.train = unlimited_if_negative(num_batches(trainer, loaders[0], "train") if loaders else 0)
+        return self.counts.train
 
     @staticmethod
     def _from_hooks(trainer: Trainer, stage: str) -> Any:
@@ -154,10 +215,8 @@ def as_run_order(loaders: Any, stage: str) -> list[Any]:
 
 
 def _ours_if_lightning_combined(loaders: Any) -> Any:
-    """Lightning's CombinedLoader (recognised by name; Lightning is never imported) becomes ours,
-    read through its public `iterables` and its mode."""
-    if type(loaders).__name__ == "CombinedLoader" and not isinstance(loaders, CombinedLoader) \
-            and hasattr(loaders, "iterables"):
+    """Lightning's CombinedLoader becomes ours, read through its public `iterables` and its mode."""
+    if is_lightning_instance(loaders, "utilities.CombinedLoader"):
         return CombinedLoader(loaders.iterables, getattr(loaders, "_mode", "min_size"))
     return loaders
 
@@ -196,3 +255,10 @@ def _without_shuffle(loader: Any, stage: str) -> Any:
                    f"and a {type(loader).__name__} with a {type(loader.batch_sampler).__name__} cannot be rebuilt to "
                    "read in order: epochs may see different batches. Pass a loader with shuffle=False.")
     return loader
+
+
+def _one_or_list(loaders: list[Any] | None) -> Any:
+    """Lightning's form: one loader as itself, several as a list."""
+    if loaders is None:
+        return None
+    return loaders[0] if len(loaders) == 1 else loaders

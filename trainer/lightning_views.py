@@ -22,7 +22,7 @@ class _Counts:
 
     def __getattr__(self, name: str) -> int:
         if name in ("ready", "started", "processed", "completed"):
-            return int(self._trainer.loop_state.batch_in_epoch)
+            return int(self._trainer.progress.batch_in_epoch)
         raise AttributeError(name)
 
 
@@ -33,7 +33,7 @@ class _BatchProgress:
 
     @property
     def is_last_batch(self) -> bool:
-        return bool(self._trainer.loop_state.is_last_batch)
+        return bool(self._trainer.fit_run.is_last_batch)
 
 
 class _ValLoop:
@@ -42,7 +42,7 @@ class _ValLoop:
 
     @property
     def _has_run(self) -> bool:
-        return bool(self._trainer.loop_state.validated_in_fit)
+        return bool(self._trainer.fit_run.validated_in_fit)
 
 
 class _EpochLoop:
@@ -53,14 +53,14 @@ class _EpochLoop:
 
     @property
     def _batches_that_stepped(self) -> int:
-        return int(self._trainer.loop_state.stepped_batches)
+        return int(self._trainer.progress.stepped_batches)
 
     @property
     def global_step(self) -> int:
         return int(self._trainer.global_step)
 
     def _should_check_val_epoch(self) -> bool:
-        from trainer.loops.fit_loop import validates_in_epoch
+        from trainer.loops.schedule import validates_in_epoch
 
         return validates_in_epoch(self._trainer)
 
@@ -74,7 +74,7 @@ class FitLoopView:
 
     @property
     def max_epochs(self) -> int | None:
-        from trainer.loops.fit_loop import effective_max_epochs
+        from trainer.loops.schedule import effective_max_epochs
 
         return effective_max_epochs(self._trainer)
 
@@ -103,7 +103,7 @@ class FitLoopView:
     def restarting(self) -> bool:
         """True from a mid-epoch checkpoint's restore until that epoch has ended (an epoch-end checkpoint
         starts the next epoch afresh: False)."""
-        return self._trainer.loop_state.restarting
+        return self._trainer.fit_run.restarting
 
 
 class LoggerConnectorView:
@@ -115,7 +115,7 @@ class LoggerConnectorView:
     @property
     def should_update_logs(self) -> bool:
         every = self._trainer.log_every_n_steps
-        return bool(every) and ((self._trainer.loop_state.stepped_batches + 1) % every == 0
+        return bool(every) and ((self._trainer.progress.stepped_batches + 1) % every == 0
                                 or self._trainer.should_stop)
 
 

@@ -181,7 +181,7 @@ class ManualOptimizer:
             closure = self._with_step_hooks(closure)
         result = trainer.precision_plugin.optimizer_for_step(self.optimizer).step(closure=closure, **kwargs)
         if manual:
-            trainer.loop_state.global_step += 1
+            trainer.progress.global_step += 1
         return result
 
     def _with_step_hooks(self, closure: Any) -> Any:

@@ -27,12 +27,16 @@ from trainer.compiled import compiled_steps
 from trainer.data_sources import overrides
 from trainer.loops.evaluation import has_step, print_results, run_evaluation, run_predict
 from trainer.loops.fit_loop import run_fit
+from trainer.loops.metric_writes import write_logger_metrics
+from trainer.loops.prediction_run import PredictionRun
+from trainer.loops.resume import ResumePoint
 from trainer.loops.preemption import default_resume_candidates, discard_if_consumed, preemption_checkpoint_path
 from trainer.loops.training_step import backward
 from trainer.module_adapter import align_lightning_rank, attach, automatic_optimization, check_module, unbind_api
 from trainer.optimizers import ManualOptimizer, NoOptimizer, check_schedulers, init_optimizers
 from trainer.profiler import is_profiling
 from trainer.seed import reset_seed
+from trainer.state import FitRun
 from trainer.validation import apply_backend_flags, as_items
 
 if TYPE_CHECKING:
@@ -49,6 +53,8 @@ def run_stage(trainer: Trainer, stage: str, model: nn.Module, data: dict[str, An
     if trainer.world_size > 1:
         reset_seed()  # on every rank, the launching process's too, as Lightning's DDP does
     trainer.lightning_module, trainer.datamodule = model, data.get("datamodule")
+    if stage == "fit":
+        trainer.fit_run = FitRun()  # before any hook may ask the fit to stop (Lightning resets should_stop here)
     align_lightning_rank(trainer.global_rank)
     trainer.state.fn, trainer.state.stage = stage, _RUNNING_STAGE[stage]
     trainer.data.reset({"train": data.get("train_dataloaders"), "validate": data.get("val_dataloaders")}
@@ -150,7 +156,9 @@ def _run_entry(trainer: Trainer, module: nn.Module, stage: str, data: dict[str, 
         _log_hyperparams(trainer, module)
         module.zero_grad()
         loaders = trainer.data.request(trainer, "predict") if trainer.limit_predict_batches != 0 else []
-        output = run_predict(trainer, module, loaders, return_predictions=data.get("return_predictions") is not False)
+        run = PredictionRun.start(loaders, trainer.callbacks, data.get("return_predictions") is not False)
+        trainer.prediction_run = run  # what prediction writers read through trainer.predict_loop
+        output = run_predict(trainer, module, run)
         _finalize_loggers(trainer, "success")
         return output
     return _evaluate(trainer, module, stage, ckpt, data.get("verbose", True))
@@ -170,7 +178,7 @@ def _fit(trainer: Trainer, module: nn.Module, ckpt: CheckpointRequest) -> None:
     watch stays on the trainer after the fit (its signals no longer caught), so hooks that run as the fit
     ends, `on_exception` included, and the user afterwards read `received_sigterm` as in Lightning."""
     with trainer.strategy.preemption_watch() as watch:
-        trainer.preemption_watch = watch
+        trainer.fit_run.preemption_watch = watch
         _fit_watched(trainer, module, ckpt)
 
 
@@ -188,13 +196,14 @@ def _fit_watched(trainer: Trainer, module: nn.Module, ckpt: CheckpointRequest) -
     callbacks = trainer.callback_list
     callbacks.call("on_fit_start", trainer, module)
     _log_hyperparams(trainer, module)  # every stage, after on_fit_start in fit (Lightning's order)
+    resume = ResumePoint()  # a fit without a checkpoint goes on from the Trainer's progress
     if checkpoint is not None and path is not None:
         # Lightning's order: after on_fit_start, so a callback that changes the optimizer there (BaseFinetuning
         # adds back the parameter groups it had unfrozen) gets the saved state into the optimizer it rebuilt
-        checkpointing.restore_training_state(trainer, module, checkpoint, path)
+        resume = checkpointing.restore_training_state(trainer, module, checkpoint, path)
     module.zero_grad()
     with torch.autograd.set_detect_anomaly(trainer.detect_anomaly):
-        run_fit(trainer, module)
+        run_fit(trainer, module, resume)
     callbacks.call("on_fit_end", trainer, module)
     discard_if_consumed(trainer)
     _finalize_loggers(trainer, "success")
@@ -275,7 +284,7 @@ def _load_for_fit(trainer: Trainer, module: nn.Module,
             warnings.warn(f"ckpt_path='last': skipping unreadable {path}: {error}", stacklevel=2)
             continue
         if automatic and not checkpointing.same_run(trainer.strategy.unwrap(module), checkpoint, path):
-            trainer.resumed_after_preemption = False
+            trainer.fit_run.resumed_after_preemption = False
             return None, None
         return checkpoint, path
     if ckpt_path == "last":
@@ -337,6 +346,6 @@ def _log_hyperparams(trainer: Trainer, module: nn.Module) -> None:
 
 def _finalize_loggers(trainer: Trainer, status: str) -> None:
     if trainer.is_global_zero:
-        trainer.write_logger_metrics()
+        write_logger_metrics(trainer)
         for logger in trainer.loggers:
             logger.finalize(status)

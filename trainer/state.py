@@ -1,9 +1,12 @@
-"""Loop progress in one small, picklable dataclass (what a checkpoint must restore)."""
+"""The Trainer's state, by lifetime: what a checkpoint saves (`FitProgress`), what one fit uses and
+drops (`FitRun`), and what the Trainer is doing now (`TrainerStatus`)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+from trainer.loops.nonfinite import NonFiniteWatch
 
 
 @dataclass
@@ -31,44 +34,28 @@ class EvalCount:
 
 
 @dataclass
-class LoopState:
-    """Where the fit loop is. `batch_in_epoch` is the index of the next training batch to
-    run in `current_epoch`, so a mid-epoch checkpoint resumes at the right batch."""
+class FitProgress:
+    """How far training has come: exactly what a checkpoint saves and a resume restores (the
+    `state_dict` is these fields). `batch_in_epoch` is the index of the next training batch of
+    `current_epoch`, so a mid-epoch checkpoint resumes at the right batch."""
 
     current_epoch: int = 0
     global_step: int = 0
     batch_in_epoch: int = 0
-    should_stop: bool = False
     # Samples of `current_epoch` consumed by all ranks together, in the sampler's global order,
     # and the number of processes that consumed them: a resume on another number of processes
-    # continues the same sample stream from there (see fit_loop._continue_sample_stream).
+    # continues the same sample stream from there (see ResumePoint in trainer/loops/resume.py).
     samples_in_epoch: int = 0
     world_size: int = 0  # 0: unknown (an older checkpoint)
-    resume_sample_offset: int = 0  # set for the resumed epoch only; never saved
-    # Every rank's RNG states from a checkpoint, restored by the fit loop at the exact point of
-    # the interrupted run (after the resumed epoch's iterator is rebuilt), not when loading.
-    rng_to_restore: dict[str, Any] | None = None
-    # Positions of stateful training dataloaders from a checkpoint, put back before the resumed
-    # epoch's iterator is built (those loaders then resume themselves: nothing is skipped).
-    loader_states_to_restore: list[dict[str, Any]] = field(default_factory=list)
-    is_last_batch: bool = False  # the batch being run is its epoch's last (Lightning's trainer.is_last_batch)
     # Batches that ended with an optimizer step (Lightning's `_batches_that_stepped`): the step
     # metrics are logged at; in manual optimization one per batch, however many optimizers stepped.
     stepped_batches: int = 0
     # The batch now ending stepped the optimizer but is counted in `stepped_batches` only after its
     # end hooks and validation; a checkpoint written there counts it (the resume starts after it).
     step_in_flight: bool = False
-    # on_train_batch_end is running: checkpoints written there count the batch unfinished (and record
-    # it: a resume from there counts that batch's skipped validation, see fit_loop._count_skipped_validation)
+    # on_train_batch_end is running: a checkpoint written there holds the batch unfinished and says so
+    # (a resume from there counts that batch's skipped validation: ResumePoint.count_skipped_validation)
     in_batch_end: bool = False
-    resumed_in_batch_end: bool = False  # the checkpoint resumed from was written there (never saved as such)
-    train_loader_epoch: int = 0  # the epoch the training loader was last requested in (never saved)
-    # The epoch fit last requested the validation loaders in, as reload_dataloaders_every_n_epochs counts
-    # (None: not yet; a sanity check in an epoch without validation does not count); never saved
-    val_loader_epoch: int | None = None
-    validated_in_fit: bool = False  # a validation (not the sanity check) ran in this fit (never saved)
-    # The fit resumed inside an epoch and that epoch has not ended yet (Lightning's fit_loop.restarting; never saved)
-    restarting: bool = False
     # Learning-rate scheduler steps taken by the loop, in the whole fit and in the current epoch
     # (counted until the next epoch starts, so an epoch-end checkpoint holds that epoch's).
     scheduler_steps: int = 0
@@ -76,7 +63,6 @@ class LoopState:
     # Batches of the validation runs inside fit (total: this training epoch's; current: the latest run's).
     fit_validation: EvalCount = field(default_factory=EvalCount)
     # Batches of validate()/test()/predict() on this Trainer (total: every call; current: the latest).
-    # Not saved in checkpoints: a fit resumed from one starts them afresh, as Lightning does.
     stage_counts: dict[str, EvalCount] = field(default_factory=dict)
 
     def eval_count(self, stage: str, in_fit: bool) -> EvalCount:
@@ -84,25 +70,50 @@ class LoopState:
         return self.fit_validation if in_fit else self.stage_counts.setdefault(stage, EvalCount())
 
     def state_dict(self) -> dict[str, Any]:
-        transient = ("should_stop", "rng_to_restore", "loader_states_to_restore", "resume_sample_offset",
-                     "is_last_batch", "train_loader_epoch", "val_loader_epoch", "validated_in_fit", "step_in_flight",
-                     "resumed_in_batch_end", "restarting")
-        state = {k: v for k, v in asdict(self).items() if k not in transient}
-        state["stepped_batches"] += int(self.step_in_flight)
+        state = asdict(self)
+        state["stepped_batches"] += int(state.pop("step_in_flight"))  # the step in flight has happened
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for key in ("current_epoch", "global_step", "batch_in_epoch", "samples_in_epoch",
-                    "world_size", "stepped_batches", "scheduler_steps", "scheduler_steps_in_epoch"):
-            if key in state:
-                setattr(self, key, state[key])
+        """Every field the checkpoint holds; an older checkpoint's missing ones keep their defaults."""
+        for name in (item.name for item in fields(self)):
+            if name in state:
+                setattr(self, name, _loaded(name, state[name]))
         if "stepped_batches" not in state:  # a checkpoint from before the counter: one step per stepped batch
             self.stepped_batches = self.global_step
-        self.resumed_in_batch_end = bool(state.get("in_batch_end", False))
-        if "fit_validation" in state:
-            self.fit_validation = EvalCount(**state["fit_validation"])
-        for stage, count in state.get("stage_counts", {}).items():
-            self.stage_counts[stage] = EvalCount(**count)
+
+
+def _loaded(name: str, value: Any) -> Any:
+    """A saved field as the dataclass holds it (the evaluation counters are saved as plain dicts)."""
+    if name == "fit_validation":
+        return EvalCount(**value)
+    if name == "stage_counts":
+        return {stage: EvalCount(**count) for stage, count in value.items()}
+    return value
+
+
+@dataclass
+class FitRun:
+    """One fit's transient flags: created as `fit()` starts, before any hook can ask the fit to stop,
+    and never saved; it stays on the Trainer afterwards so the caller can read how the fit ended."""
+
+    should_stop: bool = False  # Lightning's `trainer.should_stop` (reset by every fit, as there)
+    is_last_batch: bool = False  # the batch being run is its epoch's last (Lightning's trainer.is_last_batch)
+    started_at: float = 0.0  # time.monotonic() when training started (max_time counts from there)
+    # The fit resumed inside an epoch and that epoch has not ended yet (Lightning's fit_loop.restarting)
+    restarting: bool = False
+    validated_in_fit: bool = False  # a validation (not the sanity check) ran in this fit
+    train_loader_epoch: int = 0  # the epoch the training loader was last requested in
+    # The epoch fit last requested the validation loaders in, as reload_dataloaders_every_n_epochs counts
+    # (None: not yet; a sanity check in an epoch without validation does not count)
+    val_loader_epoch: int | None = None
+    nonfinite_watch: NonFiniteWatch = field(default_factory=NonFiniteWatch)
+    preemption_watch: Any = None  # the fit's PreemptionWatch (trainer/loops/preemption.py); it holds a store
+    preemption_mark: dict[str, Any] | None = None  # while the preemption checkpoint is built
+    resumed_after_preemption: bool = False  # this fit resumed a preempted run: its checkpoint goes at the end
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "preemption_watch": None}  # a watch holds a store: it stays in its process
 
 
 class _Name(str):

@@ -9,34 +9,56 @@ single process or Lightning's `ddp`.
 from __future__ import annotations
 
 import contextlib
-import math
+import operator
 import os
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import torch
 from torch import nn
 
-from strategies import Strategy, resolve_strategy
-from strategies.rank_zero import rank_zero_warn
-from trainer.callbacks.dispatch import (CallbackList, adopt_callback, checkpoints_last, is_checkpoint,
-                                       is_early_stopping, is_model_summary, is_progress_bar)
-from trainer.checkpointing import build_checkpoint, require_checkpoint_file
-from trainer.combined_loader import CombinedLoader
-from trainer.compiled import unwrap_compiled
+from strategies import Strategy
+from trainer.assembly import build_callbacks, build_loggers, build_strategy
+from trainer.callbacks.dispatch import is_early_stopping, is_progress_bar
+from trainer.checkpointing import build_checkpoint
 from trainer.logged_metrics import MetricStore
-from trainer.data_sources import DataSources, is_datamodule
+from trainer.data_sources import DataSources
 from trainer.lightning_views import FitLoopView, LoggerConnectorView, PredictLoopView
-from trainer.loggers.base import DummyLogger, is_logger
 from trainer.optimizers import LRSchedulerConfig
-from trainer.profiler import is_profiling, resolve_profiler
-from trainer.precision import Precision, normalize_precision
-from trainer.loops.fit_loop import effective_max_epochs, settle_max_epochs, validation_every
-from trainer.loops.nonfinite import NonFiniteWatch
+from trainer.profiler import resolve_profiler
+from trainer.precision import Precision
 from trainer.loops.prediction_run import PredictionRun
-from trainer.run import run_stage
-from trainer.state import LoopState, TrainerStatus
-from trainer.validation import apply_backend_flags, as_items, defaults_from_env, resolve_trainer_args
+from trainer.loops.schedule import settled_max_epochs, stepping_batches, validation_every
+from trainer.launch import default_ckpt_path, launch, split_datamodule
+from trainer.state import FitProgress, FitRun, TrainerStatus
+from trainer.validation import apply_backend_flags, defaults_from_env, resolve_trainer_args
+
+# Arguments the Trainer turns into the objects it holds (the strategy, loggers, callbacks, profiler)
+# rather than keeping as attributes of the same name.
+_BUILT_FROM = ("accelerator", "strategy", "devices", "logger", "callbacks", "profiler", "plugins", "sync_batchnorm",
+               "enable_checkpointing", "enable_progress_bar", "enable_telemetry", "model_registry")
+
+
+def _read_only(path: str) -> property:
+    """A read-only Trainer attribute answered by one of its parts (`"strategy.global_rank"`)."""
+    read = operator.attrgetter(path)
+    return property(lambda trainer: read(trainer))
+
+
+def _stage_flag(stage: str) -> property:
+    """A Lightning stage flag (`trainer.training`, ...): whether `stage` is the loop running now."""
+
+    def get(trainer: Trainer) -> bool:
+        return trainer.state.stage == stage
+
+    def set_(trainer: Trainer, value: bool) -> None:
+        if value:
+            trainer.state.stage = stage
+        elif trainer.state.stage == stage:
+            trainer.state.stage = None
+
+    return property(get, set_)
 
 
 class Trainer:
@@ -45,6 +67,41 @@ class Trainer:
     The arguments are Lightning 2.6's, keyword-only, with its defaults; `None` means "Lightning's
     default" where Lightning uses `None` that way. Beyond Lightning: `enable_telemetry` and
     `on_nonfinite`."""
+
+    # The arguments kept as `resolve_trainer_args` settled them (the rest build the strategy, loggers and
+    # callbacks: _BUILT_FROM); loops and callbacks read them, and may change a limit between stages.
+    barebones: bool
+    default_root_dir: str
+    num_devices: int
+    num_nodes: int
+    precision: str
+    fast_dev_run: bool | int
+    max_epochs: int | None
+    min_epochs: int | None
+    max_steps: int
+    min_steps: int | None
+    max_time: timedelta | None
+    limit_train_batches: int | float
+    limit_val_batches: int | float
+    limit_test_batches: int | float
+    limit_predict_batches: int | float
+    overfit_batches: int | float
+    val_check_interval: int | float
+    check_val_every_n_epoch: int | None
+    num_sanity_val_steps: int
+    log_every_n_steps: int
+    enable_model_summary: bool
+    accumulate_grad_batches: int
+    gradient_clip_val: float | None
+    gradient_clip_algorithm: str | None
+    deterministic: bool | str | None
+    benchmark: bool | None
+    inference_mode: bool
+    use_distributed_sampler: bool
+    detect_anomaly: bool
+    reload_dataloaders_every_n_epochs: int
+    enable_autolog_hparams: bool
+    on_nonfinite: str
 
     @defaults_from_env
     def __init__(
@@ -58,28 +115,21 @@ class Trainer:
         logger: Any = None,
         callbacks: Any = None,
         fast_dev_run: bool | int = False,
-        max_epochs: int | None = None,
-        min_epochs: int | None = None,
-        max_steps: int = -1,
-        min_steps: int | None = None,
+        max_epochs: int | None = None, min_epochs: int | None = None,
+        max_steps: int = -1, min_steps: int | None = None,
         max_time: Any = None,
-        limit_train_batches: int | float | None = None,
-        limit_val_batches: int | float | None = None,
-        limit_test_batches: int | float | None = None,
-        limit_predict_batches: int | float | None = None,
+        limit_train_batches: int | float | None = None, limit_val_batches: int | float | None = None,
+        limit_test_batches: int | float | None = None, limit_predict_batches: int | float | None = None,
         overfit_batches: int | float = 0.0,
-        val_check_interval: int | float | None = None,
-        check_val_every_n_epoch: int | None = 1,
+        val_check_interval: int | float | None = None, check_val_every_n_epoch: int | None = 1,
         num_sanity_val_steps: int | None = None,
         log_every_n_steps: int | None = None,
         enable_checkpointing: bool | None = None,
         enable_progress_bar: bool | None = None,
         enable_model_summary: bool | None = None,
         accumulate_grad_batches: int = 1,
-        gradient_clip_val: float | None = None,
-        gradient_clip_algorithm: str | None = None,
-        deterministic: bool | str | None = None,
-        benchmark: bool | None = None,
+        gradient_clip_val: float | None = None, gradient_clip_algorithm: str | None = None,
+        deterministic: bool | str | None = None, benchmark: bool | None = None,
         inference_mode: bool = True,
         use_distributed_sampler: bool = True,
         profiler: Any = None,
@@ -94,122 +144,40 @@ class Trainer:
         enable_telemetry: bool = True,
         on_nonfinite: str = "error",
     ) -> None:
-        args = resolve_trainer_args(locals())
-        self.barebones = barebones
-        self.default_root_dir = os.path.expanduser(os.fspath(default_root_dir)) if default_root_dir is not None \
-            else os.getcwd()
-        self.num_devices, self.num_nodes = int(args["devices"]), int(num_nodes)
-        self.precision = normalize_precision(args["precision"])
-        self.fast_dev_run: bool | int = True if fast_dev_run == 1 else fast_dev_run  # Lightning's: 1 reads True
-        # Lightning: None with max_steps set means no epoch limit (-1); None alone stays None until fit
-        # starts, which makes it 1000 (or -1 with max_time): loops/fit_loop.settle_max_epochs
-        self.max_epochs = 1 if self.fast_dev_run else (-1 if max_epochs is None and max_steps != -1 else max_epochs)
-        self.min_epochs, self.min_steps = min_epochs, min_steps
-        self.max_steps = int(self.fast_dev_run) or max_steps
-        self.max_time = args["max_time"]
-        self.accumulate_grad_batches = accumulate_grad_batches
-        self.gradient_clip_val = gradient_clip_val
-        self.gradient_clip_algorithm = gradient_clip_algorithm
-        self.val_check_interval = 1.0 if self.fast_dev_run else args["val_check_interval"]
-        self.check_val_every_n_epoch = check_val_every_n_epoch
-        self.overfit_batches = overfit_batches
-        self.limit_train_batches = args["limit_train_batches"]
-        self.limit_val_batches = args["limit_val_batches"]
-        self.limit_test_batches = args["limit_test_batches"]
-        self.limit_predict_batches = args["limit_predict_batches"]
-        self.num_sanity_val_steps = 0 if self.fast_dev_run else args["num_sanity_val_steps"]
-        self.log_every_n_steps = 1 if self.fast_dev_run else args["log_every_n_steps"]
-        self.deterministic, self.benchmark = deterministic, benchmark
-        self.inference_mode, self.detect_anomaly = inference_mode, detect_anomaly
-        self.enable_model_summary = args["enable_model_summary"]
-        self.enable_autolog_hparams = enable_autolog_hparams
-        self.use_distributed_sampler = use_distributed_sampler
-        self.reload_dataloaders_every_n_epochs = reload_dataloaders_every_n_epochs
-        self.on_nonfinite = on_nonfinite
-        self.nonfinite_watch = NonFiniteWatch()  # a fresh one per fit (trainer/loops/nonfinite.py)
+        args = resolve_trainer_args(locals())  # checked; Lightning's None, barebones and fast_dev_run applied
+        vars(self).update({name: value for name, value in args.items() if name not in _BUILT_FROM})
         apply_backend_flags(deterministic, benchmark)
-
-        self.strategy = resolve_strategy(strategy, self.num_devices, self.num_nodes, sync_batchnorm=sync_batchnorm)
-        self.strategy.configure(accelerator=None if accelerator == "auto" else accelerator,
-                                devices=self.num_devices, num_nodes=self.num_nodes)
-        self.loggers = self._build_loggers(args["logger"])
+        self.strategy = build_strategy(args)
+        self.loggers = build_loggers(args)
         self.profiler = resolve_profiler(profiler)
-        self.callback_list = CallbackList(self._build_callbacks(
-            callbacks, args["enable_checkpointing"], args["enable_progress_bar"], enable_telemetry and not barebones,
-            args["enable_model_summary"]), profiler=self.profiler if is_profiling(self.profiler) else None)
-        self.loop_state = LoopState()
-        self.state = TrainerStatus()
+        self.callback_list = build_callbacks(args, self.profiler)
+        self.state, self.progress, self.fit_run = TrainerStatus(), FitProgress(), FitRun()
         self.metric_store = MetricStore(self.strategy.reduce, ranks=self.strategy)
         self.precision_plugin = Precision(self.precision, self.strategy.root_device.type)
+        self.data = DataSources()
+        self._detach_stage_objects()
+        self.ckpt_path: str | None = None
+        self._fitted = False  # a fit ran on the current model: evaluating it without one may use "best"
+
+    def _detach_stage_objects(self) -> None:
+        """What a stage attaches (the module and its data, optimizers, the latest predict run): none yet, and
+        none in a copy sent to another process (the module travels as its own argument)."""
+        self.lightning_module: nn.Module | None = None
+        self.datamodule: Any = None
         self.optimizers: list[torch.optim.Optimizer] = []
         self.wrapped_optimizers: list[Any] = []
         self.lr_scheduler_configs: list[LRSchedulerConfig] = []
-        self.lightning_module: nn.Module | None = None
-        self.datamodule: Any = None
-        self.data = DataSources()
-        self.num_training_batches: int | float = float("inf")
-        self._num_val_batches: dict[str, list[int | float]] = {}
-        self.num_test_batches: list[int | float] = []
-        self.num_predict_batches: list[int | float] = []
-        self.num_sanity_val_batches: list[int | float] = []
-        self.ckpt_path: str | None = None
         self.prediction_run: PredictionRun | None = None  # the latest predict run, for prediction writers
-        self.preemption_watch: Any = None  # the latest fit's PreemptionWatch (trainer/loops/preemption.py)
-        self.preemption_mark: dict[str, Any] | None = None  # while the preemption checkpoint is built
-        self.resumed_after_preemption = False  # this fit resumed a preempted run: its checkpoint goes at the end
-        self.fit_started_at = 0.0  # time.monotonic() when training started (max_time counts from there)
-        self._fitted = False  # a fit ran on the current model: evaluating it without one may use "best"
-
-    # ------------------------------------------------------------------ construction helpers
-    def _build_loggers(self, logger: Any) -> list[Any]:
-        if self.barebones or logger is None or logger is False:
-            return []
-        if self.fast_dev_run:
-            return [DummyLogger()]  # Lightning: a fast_dev_run writes no logs, but self.logger still works
-        if logger is True:
-            from trainer.loggers import TensorBoardLogger
-
-            return [TensorBoardLogger(save_dir=self.default_root_dir)]
-        loggers = as_items(logger)
-        for item in loggers:
-            if not is_logger(item):
-                raise TypeError(f"logger must be a Logger (ours or Lightning's), a list of them, True or False; "
-                                f"got {type(item).__name__}.")
-        return loggers
-
-    def _build_callbacks(self, callbacks: Any, checkpointing: bool, progress_bar: bool,
-                         telemetry: bool, model_summary: bool) -> list[Any]:
-        """The user's callbacks, then (Lightning's order) the progress bar, the model summary and
-        the checkpoint callback the flags ask for, and our telemetry; checkpointing runs last."""
-        from trainer.callbacks import ModelCheckpoint, ModelSummary, TQDMProgressBar
-        from trainer.callbacks.telemetry import TelemetryMonitor
-
-        given = as_items(callbacks) if callbacks is not None else []
-        result = [adopt_callback(callback) for callback in given]
-        if not isinstance(telemetry, bool):
-            raise TypeError(f"enable_telemetry must be True or False, got {telemetry!r}.")
-        if progress_bar and not any(is_progress_bar(c) for c in result):
-            result.append(TQDMProgressBar())
-        if model_summary and not any(is_model_summary(c) for c in result):
-            result.append(ModelSummary())
-        if telemetry and not self.fast_dev_run and not any(isinstance(c, TelemetryMonitor) for c in result):
-            result.append(TelemetryMonitor(log_to_loggers=False))  # the loggers get only what the user logs
-        if not checkpointing and any(is_checkpoint(c) for c in result):
-            raise ValueError("Trainer(enable_checkpointing=False) (or barebones=True) contradicts the ModelCheckpoint "
-                             "in callbacks: remove the callback, or enable checkpointing.")
-        if checkpointing and not self.fast_dev_run and not any(is_checkpoint(c) for c in result):
-            result.append(ModelCheckpoint())
-        return checkpoints_last(result)
 
     # ------------------------------------------------------------------ entry points
     def fit(self, model: nn.Module, train_dataloaders: Any = None, val_dataloaders: Any = None,
             datamodule: Any = None, ckpt_path: str | None = None, weights_only: bool | None = None) -> None:
         """Train `model`; afterwards it holds the trained weights (also after multi-process runs).
         `weights_only=False` trusts `ckpt_path`: any pickled object in it is rebuilt (Lightning's meaning)."""
-        settle_max_epochs(self)  # here, so the launching process's attribute and warning are those of the fit
-        datamodule = _split_datamodule(train_dataloaders, datamodule)
+        self.max_epochs = settled_max_epochs(self)  # here: the launching process's attribute and warning are the fit's
+        datamodule = split_datamodule(train_dataloaders, datamodule)
         train_dataloaders = None if datamodule is train_dataloaders else train_dataloaders
-        self._launch("fit", model, dict(train_dataloaders=train_dataloaders, val_dataloaders=val_dataloaders,
+        launch(self, "fit", model, dict(train_dataloaders=train_dataloaders, val_dataloaders=val_dataloaders,
                                         datamodule=datamodule, ckpt_path=ckpt_path, weights_only=weights_only))
 
     def validate(self, model: nn.Module | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
@@ -223,66 +191,21 @@ class Trainer:
     def predict(self, model: nn.Module | None = None, dataloaders: Any = None, datamodule: Any = None,
                 return_predictions: bool | None = None, ckpt_path: str | None = None,
                 weights_only: bool | None = None) -> Any:
-        datamodule = _split_datamodule(dataloaders, datamodule)
+        datamodule = split_datamodule(dataloaders, datamodule)
         dataloaders = None if datamodule is dataloaders else dataloaders
-        ckpt_path = self._default_ckpt_path("predict", model, ckpt_path)
-        output = self._launch("predict", model, dict(dataloaders=dataloaders, datamodule=datamodule,
+        ckpt_path = default_ckpt_path(self, "predict", model, ckpt_path)
+        output = launch(self, "predict", model, dict(dataloaders=dataloaders, datamodule=datamodule,
                                                      ckpt_path=ckpt_path, return_predictions=return_predictions,
                                                      weights_only=weights_only))
         return output if return_predictions is not False else None
 
     def _evaluate_entry(self, stage: str, model: nn.Module | None, dataloaders: Any, ckpt_path: str | None,
                         verbose: bool, datamodule: Any, weights_only: bool | None) -> list[dict[str, float]]:
-        datamodule = _split_datamodule(dataloaders, datamodule)
+        datamodule = split_datamodule(dataloaders, datamodule)
         dataloaders = None if datamodule is dataloaders else dataloaders
-        ckpt_path = self._default_ckpt_path(stage, model, ckpt_path)
-        return self._launch(stage, model, dict(dataloaders=dataloaders, datamodule=datamodule, ckpt_path=ckpt_path,
+        ckpt_path = default_ckpt_path(self, stage, model, ckpt_path)
+        return launch(self, stage, model, dict(dataloaders=dataloaders, datamodule=datamodule, ckpt_path=ckpt_path,
                                                verbose=verbose, weights_only=weights_only))
-
-    def _launch(self, stage: str, model: nn.Module | None, data: dict[str, Any]) -> Any:
-        model = unwrap_compiled(model) if model is not None else None  # Lightning's meaning: see compiled.py
-        if model is None:
-            model = self.lightning_module
-        elif stage != "fit" and self.lightning_module is not None and model is not self.lightning_module:
-            self._fitted = False
-        if model is None:
-            raise TypeError(f"Trainer.{stage}() needs a model: pass one, or call fit(model) first.")
-        if data.get("weights_only") not in (None, True, False):
-            raise TypeError(f"weights_only={data['weights_only']!r} must be None, True or False.")
-        require_checkpoint_file(data.get("ckpt_path"))
-        if data.get("datamodule") is None:
-            data["datamodule"] = self.datamodule if model is self.lightning_module else None
-        for logger in self.loggers:
-            _ = logger.version  # decided here, once, so every worker writes to the same directory
-        data = {**data, "launcher_pid": os.getpid()}
-        self.state.status = "running"
-        try:
-            output = self.strategy.launch(run_stage, self, stage, model, data)
-        except KeyboardInterrupt:  # Ctrl-C: after the graceful shutdown the script ends, as under Lightning
-            self._stage_ended(stage, model, "interrupted")
-            raise SystemExit(1) from None
-        except BaseException:
-            self.state.status = "interrupted"
-            raise
-        self._stage_ended(stage, model, "finished")
-        return output
-
-    def _stage_ended(self, stage: str, model: nn.Module, status: str) -> None:
-        self.lightning_module = model
-        self._fitted = self._fitted or stage == "fit"
-        self.state.status = status
-        self.state.fn, self.state.stage = stage, None
-
-    def _default_ckpt_path(self, stage: str, model: nn.Module | None, ckpt_path: str | None) -> str | None:
-        """Lightning's rule: after a fit, evaluating without a model and without `ckpt_path` uses the
-        best checkpoint of that fit; say so, since the weights are not the ones the fit ended with."""
-        best = getattr(self.checkpoint_callback, "best_model_path", None)
-        if model is not None or ckpt_path is not None or not self._fitted or not best:
-            return ckpt_path
-        rank_zero_warn(f"{stage}() was called without a model after fit(): it uses the best checkpoint of that fit "
-                       f"({best}), not the weights the fit ended with. Pass ckpt_path='best', 'last', a file, or the "
-                       "model itself to choose (and silence this).")
-        return "best"
 
     # ------------------------------------------------------------------ used by loops and callbacks
     def save_checkpoint(self, filepath: str | os.PathLike[str], weights_only: bool = False,
@@ -293,31 +216,11 @@ class Trainer:
         if storage_options is not None:
             raise TypeError("save_checkpoint(storage_options=...) is not supported: our checkpoint I/O writes local "
                             "files; pass a CheckpointIO to the strategy to write elsewhere.")
-        self.nonfinite_watch.check(self)  # never save weights a non-finite step has already spoiled
+        self.fit_run.nonfinite_watch.check(self)  # never save weights a non-finite step has already spoiled
         with self.profiler.profile("save_checkpoint"):
             module = self.strategy.unwrap(self.lightning_module)
             checkpoint = build_checkpoint(self, module, weights_only)
             self.strategy.save_checkpoint(checkpoint, filepath)
-
-    def write_logger_metrics(self, step: int | None = None) -> None:
-        """Send what the metric store has due to every logger, on global rank 0 only, at `step`
-        (default: `logger_step`)."""
-        if not (self.loggers and self.is_global_zero and not self.sanity_checking):
-            self.metric_store.drop_logger_metrics()
-            return
-        metrics = self.metric_store.pop_logger_metrics()
-        if metrics:
-            metrics = {**metrics, "epoch": self.current_epoch}
-            for logger in self.loggers:
-                logger.log_metrics(metrics=metrics, step=self.logger_step if step is None else step)
-
-    def write_eval_step_metrics(self, step: int) -> None:
-        """An evaluation batch's step values, one logger row per batch at `step` (the batches that
-        dataloader has run), without "epoch", as in Lightning."""
-        metrics = self.metric_store.pop_eval_step_metrics()
-        if metrics and self.is_global_zero and not self.sanity_checking:
-            for logger in self.loggers:
-                logger.log_metrics(metrics=metrics, step=step)
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         if self.is_global_zero:
@@ -341,49 +244,47 @@ class Trainer:
                 torch.set_default_dtype(previous)
 
     # ------------------------------------------------------------------ read-only state
-    @property
-    def logger_step(self) -> int:
-        """The step that metrics are logged at: the number of batches that stepped before the current
-        one (Lightning's count), so a run's curves line up with the same run under Lightning."""
-        return self.loop_state.stepped_batches
-
-    @property
-    def global_step(self) -> int:
-        return self.loop_state.global_step
-
-    @property
-    def current_epoch(self) -> int:
-        return self.loop_state.current_epoch
+    # Answered by the part that owns each value (progress, the strategy, the metric store, the data).
+    global_step = _read_only("progress.global_step")
+    current_epoch = _read_only("progress.current_epoch")
+    is_last_batch = _read_only("fit_run.is_last_batch")
+    global_rank = _read_only("strategy.global_rank")
+    local_rank = _read_only("strategy.local_rank")
+    node_rank = _read_only("strategy.node_rank")
+    world_size = _read_only("strategy.world_size")
+    is_global_zero = _read_only("strategy.is_global_zero")
+    callbacks = _read_only("callback_list.callbacks")
+    callback_metrics = _read_only("metric_store.callback_metrics")
+    logged_metrics = _read_only("metric_store.logged_metrics")
+    progress_bar_metrics = _read_only("metric_store.progress_bar_metrics")
+    num_training_batches = _read_only("data.counts.train")
+    num_sanity_val_batches = _read_only("data.counts.sanity_val")
+    num_test_batches = _read_only("data.counts.test")
+    num_predict_batches = _read_only("data.counts.predict")
+    # The step metrics are logged at: the batches that stepped before the current one (Lightning's count).
+    logger_step = _read_only("progress.stepped_batches")
+    # The module the strategy trains (Lightning: the wrapped model; ours is the module, its reducer attached).
+    model = _read_only("lightning_module")
 
     @property
     def should_stop(self) -> bool:
-        return self.loop_state.should_stop
+        return self.fit_run.should_stop
 
     @should_stop.setter
     def should_stop(self, value: bool) -> None:
-        self.loop_state.should_stop = bool(value)
-
-    @property
-    def is_last_batch(self) -> bool:
-        return self.loop_state.is_last_batch
+        self.fit_run.should_stop = bool(value)
 
     @property
     def received_sigterm(self) -> bool:
         """Lightning's flag: in the latest fit, this rank received SIGTERM or learned that the ranks stop for
         one (a preemption notice, trainer/loops/preemption.py; SIGTERM among the strategy's preemption
         signals). Every rank sees it True by the agreed stop; the next fit starts it afresh."""
-        watch = self.preemption_watch
+        watch = self.fit_run.preemption_watch
         return watch is not None and "SIGTERM" in (watch.flag.received, watch.agreement.signal_name)
 
     @property
     def interrupted(self) -> bool:
         return self.state.status == "interrupted"
-
-    @property
-    def model(self) -> nn.Module | None:
-        """The module the strategy trains (Lightning: the wrapped model; ours is the module itself,
-        with the gradient reducer attached to its parameters)."""
-        return self.lightning_module
 
     @property
     def predict_loop(self) -> PredictLoopView:
@@ -400,48 +301,12 @@ class Trainer:
         return LoggerConnectorView(self)
 
     @property
-    def global_rank(self) -> int:
-        return self.strategy.global_rank
-
-    @property
-    def local_rank(self) -> int:
-        return self.strategy.local_rank
-
-    @property
-    def node_rank(self) -> int:
-        return self.strategy.node_rank
-
-    @property
-    def world_size(self) -> int:
-        return self.strategy.world_size
-
-    @property
-    def is_global_zero(self) -> bool:
-        return self.strategy.is_global_zero
-
-    @property
     def device_ids(self) -> list[int]:
         return list(range(self.num_devices))
 
     @property
     def accelerator(self) -> str:
         return self.strategy.root_device.type
-
-    @property
-    def callbacks(self) -> list[Any]:
-        return self.callback_list.callbacks
-
-    @property
-    def callback_metrics(self) -> dict[str, torch.Tensor]:
-        return self.metric_store.callback_metrics
-
-    @property
-    def logged_metrics(self) -> dict[str, Any]:
-        return self.metric_store.logged_metrics
-
-    @property
-    def progress_bar_metrics(self) -> dict[str, float]:
-        return self.metric_store.progress_bar_metrics
 
     @property
     def logger(self) -> Any:
@@ -490,123 +355,43 @@ class Trainer:
 
     @property
     def num_val_batches(self) -> list[int | float]:
-        """Validation batches per dataloader: `validate()`'s during validate, else fit's (each keeps its
-        own, as Lightning's two validation loops do)."""
-        return self._num_val_batches.get(self._validation_owner(), [])
-
-    @num_val_batches.setter
-    def num_val_batches(self, value: list[int | float]) -> None:
-        self._num_val_batches[self._validation_owner()] = list(value)
-
-    def _validation_owner(self) -> str:
-        return "validate" if self.state.fn == "validate" else "fit"
+        """Validation batches per dataloader: `validate()`'s during validate, else fit's."""
+        return self.data.counts.val_of(self.state.fn)
 
     @property
     def enable_validation(self) -> bool:
         return self.data.val_defined(self) and self.limit_val_batches != 0
 
-    @property
-    def train_dataloader(self) -> Any:
-        """The training loader, or the collection of them (as given, with samplers injected)."""
-        loaders = self.data.loaders.get("train")
-        if not loaders:
-            return None
-        return loaders[0].iterables if isinstance(loaders[0], CombinedLoader) else loaders[0]
-
-    @property
-    def val_dataloaders(self) -> Any:
-        return _one_or_list(self.data.loaders.get("validate"))
-
-    @property
-    def test_dataloaders(self) -> Any:
-        return _one_or_list(self.data.loaders.get("test"))
-
-    @property
-    def predict_dataloaders(self) -> Any:
-        return _one_or_list(self.data.loaders.get("predict"))
+    train_dataloader = _read_only("data.train_dataloader")
+    val_dataloaders = _read_only("data.val_dataloaders")
+    test_dataloaders = _read_only("data.test_dataloaders")
+    predict_dataloaders = _read_only("data.predict_dataloaders")
 
     @property
     def estimated_stepping_batches(self) -> int | float:
-        """Optimizer steps this fit will take (Lightning's estimate, also inside configure_optimizers)."""
+        """Optimizer steps this fit will take (Lightning's estimate, also inside configure_optimizers,
+        which requests the training loader early to count it, as Lightning does)."""
         per_epoch = self.num_training_batches
         if per_epoch == float("inf") and self.state.fn == "fit" and self.lightning_module is not None:
             per_epoch = self.data.count_training_batches(self)
-        if per_epoch == float("inf"):
-            return float("inf") if self.max_steps == -1 else self.max_steps
-        steps = max(1, math.ceil(per_epoch / self.accumulate_grad_batches)) if per_epoch else 0
-        max_epochs = effective_max_epochs(self)
-        if max_epochs == -1:
-            return float("inf") if self.max_steps == -1 else self.max_steps
-        total = steps * max_epochs
-        return total if self.max_steps == -1 else min(total, self.max_steps)
+        return stepping_batches(self, per_epoch)
 
-    @property
-    def training(self) -> bool:
-        return self.state.stage == "train"
-
-    @training.setter
-    def training(self, value: bool) -> None:
-        self._set_stage("train", value)
-
-    @property
-    def validating(self) -> bool:
-        return self.state.stage == "validate"
-
-    @validating.setter
-    def validating(self, value: bool) -> None:
-        self._set_stage("validate", value)
-
-    @property
-    def testing(self) -> bool:
-        return self.state.stage == "test"
-
-    @testing.setter
-    def testing(self, value: bool) -> None:
-        self._set_stage("test", value)
-
-    @property
-    def predicting(self) -> bool:
-        return self.state.stage == "predict"
-
-    @predicting.setter
-    def predicting(self, value: bool) -> None:
-        self._set_stage("predict", value)
-
-    @property
-    def sanity_checking(self) -> bool:
-        return self.state.stage == "sanity_check"
-
-    @sanity_checking.setter
-    def sanity_checking(self, value: bool) -> None:
-        self._set_stage("sanity_check", value)
+    # Lightning's stage flags: which loop runs now (trainer.state.stage); setting one True starts it.
+    training = _stage_flag("train")
+    validating = _stage_flag("validate")
+    testing = _stage_flag("test")
+    predicting = _stage_flag("predict")
+    sanity_checking = _stage_flag("sanity_check")
 
     @property
     def evaluating(self) -> bool:
         return self.state.stage in ("validate", "test", "sanity_check")
 
-    def _set_stage(self, stage: str, value: bool) -> None:
-        if value:
-            self.state.stage = stage
-        elif self.state.stage == stage:
-            self.state.stage = None
-
     def __getstate__(self) -> dict[str, Any]:
-        # The module travels to workers as its own argument; the trainer never carries it.
-        state = self.__dict__.copy()
-        state.update(lightning_module=None, datamodule=None, optimizers=[], wrapped_optimizers=[],
-                     lr_scheduler_configs=[], data=DataSources(), preemption_watch=None,  # a watch holds a store
-                     prediction_run=None)  # the latest predictions stay where they were made
-        return state
-
-
-def _split_datamodule(loaders: Any, datamodule: Any) -> Any:
-    """Lightning lets a DataModule be passed where the dataloaders go; tell them apart."""
-    if datamodule is None and loaders is not None and is_datamodule(loaders):
-        return loaders
-    return datamodule
-
-
-def _one_or_list(loaders: list[Any] | None) -> Any:
-    if loaders is None:
-        return None
-    return loaders[0] if len(loaders) == 1 else loaders
+        """A copy for another process: its settings, state and batch counts, without what a stage attached."""
+        copy = Trainer.__new__(Trainer)
+        copy.__dict__.update(self.__dict__)
+        copy._detach_stage_objects()
+        copy.data = DataSources()
+        copy.data.counts = self.data.counts
+        return copy.__dict__

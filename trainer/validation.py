@@ -77,6 +77,11 @@ def resolve_trainer_args(args: dict[str, Any]) -> dict[str, Any]:
     resolved["max_time"] = parse_duration("max_time", resolved["max_time"])
     _apply_fast_dev_run_and_overfit(resolved)
     validate_trainer_args(resolved)
+    resolved["num_devices"] = resolved["devices"]  # the Trainer's name for it
+    resolved["precision"] = normalize_precision(resolved["precision"])
+    default_root_dir = resolved["default_root_dir"]
+    resolved["default_root_dir"] = os.path.expanduser(os.fspath(default_root_dir)) if default_root_dir is not None \
+        else os.getcwd()
     return resolved
 
 
@@ -101,10 +106,12 @@ def _apply_fast_dev_run_and_overfit(args: dict[str, Any]) -> None:
         raise ValueError(f"fast_dev_run={fast!r} must be True, False or an int >= 0 (a number of batches).")
     overfit = args["overfit_batches"]
     _fraction_or_count(args, "overfit_batches", zero_ok=True, unit="the batches")
-    if fast:
+    if fast:  # the one home of what fast_dev_run implies
         for name in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches"):
             args[name] = int(fast)
-        args["num_sanity_val_steps"] = 0
+        args.update(fast_dev_run=True if fast == 1 else fast,  # Lightning's: 1 reads True
+                    num_sanity_val_steps=0, max_epochs=1, max_steps=int(fast), val_check_interval=1.0,
+                    log_every_n_steps=1)
     elif overfit:
         args["limit_train_batches"] = args["limit_val_batches"] = overfit
 

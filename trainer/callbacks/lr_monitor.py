@@ -100,8 +100,8 @@ class LearningRateMonitor(Callback):
 def _batches_stepped(trainer: TrainerContract) -> int:
     """Batches that ended with an optimizer step before this one (what Lightning logs learning rates
     at); a trainer without that count (one step per batch) answers with global_step."""
-    loop_state = getattr(trainer, "loop_state", None)
-    return int(getattr(loop_state, "stepped_batches", trainer.global_step))
+    progress = getattr(trainer, "progress", None)
+    return int(getattr(progress, "stepped_batches", trainer.global_step))
 
 
 def _has_momentum(optimizer: Any) -> bool:

@@ -29,8 +29,9 @@ import torch
 from torch import nn
 
 from trainer.combined_loader import CombinedLoader
-from trainer.data_sources import overrides
+from trainer.data_sources import as_counts, overrides
 from trainer.loops.batches import iterate_limited, num_batches, set_sampler_epoch
+from trainer.loops.metric_writes import write_eval_step_metrics, write_logger_metrics
 from trainer.loops.signatures import check_eval_signatures
 from trainer.loops.prediction_run import PredictionRun
 from trainer.loops.step_iterator import StepIterator, takes_dataloader_iter
@@ -64,13 +65,13 @@ def run_sanity_check(trainer: Trainer, module: nn.Module) -> None:
     loaders = trainer.data.request(trainer, "validate", required=False)
     steps = trainer.num_sanity_val_steps
     full = [num_batches(trainer, loader, "validate") for loader in loaders]
-    trainer.num_val_batches = [float("inf") if count < 0 else count for count in full]
+    trainer.data.counts.set_val(trainer.state.fn, full)
     limits = [limit if steps == -1 else (steps if limit < 0 else min(steps, limit)) for limit in full]
-    trainer.num_sanity_val_batches = limits
+    trainer.data.counts.sanity_val = as_counts(limits)
     if any(limits):
         run_evaluation(trainer, module, loaders, "validate", limits=limits)
     callbacks.call_callbacks("on_sanity_check_end", trainer, module)
-    trainer.loop_state.fit_validation = EvalCount()  # Lightning counts no sanity batches
+    trainer.progress.fit_validation = EvalCount()  # Lightning counts no sanity batches
     store.clear_views()
     trainer.data.seen_batches.clear()  # the logger's evaluation steps count from the first real validation
     trainer.state.stage = None
@@ -96,7 +97,7 @@ def run_evaluation(trainer: Trainer, module: nn.Module, loaders: list[Any], stag
         store.clear_views()  # validate()/test() report only what they log (Lightning resets here)
     store.reset_stage(stage)
     if trainer.state.fn == "fit" and previous_stage != "sanity_check":
-        trainer.loop_state.validated_in_fit = True
+        trainer.fit_run.validated_in_fit = True
     for loader in loaders:  # as Lightning: evaluation samplers may shuffle by the training epoch
         set_sampler_epoch(loader, trainer.current_epoch)
     with _eval_context(trainer):  # the whole stage, hooks included
@@ -114,7 +115,7 @@ def _evaluate_loaders(trainer: Trainer, module: nn.Module, loaders: list[Any], s
     # Lightning: with several dataloaders, a dataloader's epoch values are published once it is done,
     # except in the sanity check, which never shows them (not even in on_validation_epoch_end)
     sanity, several = previous_stage == "sanity_check", len(loaders) > 1
-    count = EvalCount() if sanity else trainer.loop_state.eval_count(stage, in_fit=trainer.state.fn == "fit")
+    count = EvalCount() if sanity else trainer.progress.eval_count(stage, in_fit=trainer.state.fn == "fit")
     count.start_run()
     run = _run_fetching_steps if takes_dataloader_iter(getattr(module, step_name)) else _run_batches
     run(trainer, module, loaders, stage, counts,
@@ -126,7 +127,7 @@ def _evaluate_loaders(trainer: Trainer, module: nn.Module, loaders: list[Any], s
     callbacks.call(f"on_{prefix}_epoch_end", trainer, module)
     store.compute_epoch(stage, with_loaders=not sanity)
     results = [store.stage_results(stage, idx if len(loaders) > 1 else None) for idx in range(len(loaders))]
-    trainer.write_logger_metrics()
+    write_logger_metrics(trainer)
     callbacks.call(f"on_{prefix}_end", trainer, module)
     store.reset_metric_objects(stage)
     _restore_train_mode(callbacks, module, prefix, modes)
@@ -162,7 +163,7 @@ def _run_batches(trainer: Trainer, module: nn.Module, loaders: list[Any], stage:
 def _write_step_metrics(trainer: Trainer, stage: str, loader_idx: int) -> None:
     """This batch's step values go to the loggers at the count of batches this loader has run."""
     seen = trainer.data.seen_batches.get((stage, loader_idx), 0)
-    trainer.write_eval_step_metrics(step=seen)
+    write_eval_step_metrics(trainer, seen)
     trainer.data.seen_batches[(stage, loader_idx)] = seen + 1
 
 
@@ -204,15 +205,13 @@ def _run_fetching_steps(trainer: Trainer, module: nn.Module, loaders: list[Any],
         loader_done(previous_loader)
 
 
-def run_predict(trainer: Trainer, module: nn.Module, loaders: list[Any], return_predictions: bool = True) -> Any:
+def run_predict(trainer: Trainer, module: nn.Module, run: PredictionRun) -> Any:
     """Predictions of this rank, per loader (a single loader gives a flat list); None when neither
-    `return_predictions` nor a prediction writer at epoch end needs them kept."""
+    `return_predictions` nor a prediction writer at epoch end needs them kept. `run` is the predict
+    run prediction writers read (`trainer.predict_loop`), already holding the stage's loaders."""
     trainer.state.stage = "predict"
-    counts = [num_batches(trainer, loader, "predict") for loader in loaders]
-    trainer.num_predict_batches = [float("inf") if count < 0 else count for count in counts]
-    check_eval_signatures(module, "predict", len(loaders))
-    run = PredictionRun.start(loaders, trainer.callback_list.callbacks, return_predictions)
-    trainer.prediction_run = run
+    trainer.data.counts.predict = as_counts([num_batches(trainer, loader, "predict") for loader in run.loaders])
+    check_eval_signatures(module, "predict", len(run.loaders))
     for loader in run.loaders:
         set_sampler_epoch(loader, trainer.current_epoch)
     trainer.metric_store.clear_views()
@@ -227,7 +226,7 @@ def _predict_loaders(trainer: Trainer, module: nn.Module, prediction: Prediction
     callbacks.call("on_predict_start", trainer, module)
     callbacks.call("on_predict_epoch_start", trainer, module)
     counts = [num_batches(trainer, loader, "predict") for loader in prediction.loaders]
-    count = trainer.loop_state.eval_count("predict", in_fit=False)
+    count = trainer.progress.eval_count("predict", in_fit=False)
     count.start_run()
     run = _run_fetching_steps if takes_dataloader_iter(module.predict_step) else _run_batches
     run(trainer, module, prediction.loaders, "predict", counts, prediction.add, count=count,
@@ -267,13 +266,12 @@ def _per_member(trainer: Trainer, loaders: list[Any], counts: list[int], stage: 
 
 
 def _record_counts(trainer: Trainer, stage: str, counts: list[int], sanity: bool) -> None:
-    as_counts = [float("inf") if count < 0 else count for count in counts]
     if sanity:
-        trainer.num_sanity_val_batches = as_counts
+        trainer.data.counts.sanity_val = as_counts(counts)
     elif stage == "validate":
-        trainer.num_val_batches = as_counts
+        trainer.data.counts.set_val(trainer.state.fn, counts)
     else:
-        trainer.num_test_batches = as_counts
+        trainer.data.counts.test = as_counts(counts)
 
 
 @contextlib.contextmanager

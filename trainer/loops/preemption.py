@@ -33,18 +33,18 @@ def stop_if_preempted(trainer: Trainer) -> None:
     """At a step boundary (every rank, the same sequence): when the ranks agreed to stop here,
     write the preemption checkpoint and raise `Preempted` (a SystemExit with code 75). A checkpoint
     that cannot be written still ends the job the same way (requeued), with the error chained."""
-    watch = trainer.preemption_watch
-    stepped = trainer.loop_state.stepped_batches
+    watch = trainer.fit_run.preemption_watch
+    stepped = trainer.progress.stepped_batches
     if watch is None or not watch.due(stepped):
         return
     path = preemption_checkpoint_path(trainer)
-    trainer.preemption_mark = {"signal": watch.signal_name, "stepped_batches": stepped}
+    trainer.fit_run.preemption_mark = {"signal": watch.signal_name, "stepped_batches": stepped}
     try:
         trainer.save_checkpoint(path)
     except Exception as error:  # a full disk: the previous checkpoints stay the resume point
         raise watch.stopped(trainer.global_step, None) from error
     finally:
-        trainer.preemption_mark = None
+        trainer.fit_run.preemption_mark = None
     rank_zero_info(f"Preempted by {watch.signal_name}: every rank stopped after step {trainer.global_step}; "
                    f"checkpoint written to {path}. The next fit in this directory resumes from it.")
     raise watch.stopped(trainer.global_step, path)
@@ -58,13 +58,13 @@ def default_resume_candidates(trainer: Trainer) -> str | None:
         return None
     rank_zero_info(f"Found the preemption checkpoint {path}: resuming from it or a newer checkpoint of this run "
                    "(pass ckpt_path to start from another); it is removed once this fit completes.")
-    trainer.resumed_after_preemption = True
+    trainer.fit_run.resumed_after_preemption = True
     return "last"
 
 
 def discard_if_consumed(trainer: Trainer) -> None:
     """After a fit that completed a preempted run: remove its preemption checkpoint, so that a later fit
     in the same directory does not resume a finished run."""
-    if getattr(trainer, "resumed_after_preemption", False):
+    if trainer.fit_run.resumed_after_preemption:
         trainer.strategy.remove_checkpoint(preemption_checkpoint_path(trainer))
-        trainer.resumed_after_preemption = False
+        trainer.fit_run.resumed_after_preemption = False

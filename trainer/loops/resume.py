@@ -1,8 +1,10 @@
 """Where a resumed fit picks up inside its first epoch, taken once from what the checkpoint restored.
 
-`restore_training_state` (trainer/checkpointing.py) leaves the checkpoint's position pending in the
-loop state; the fit loop takes it here before its first epoch and hands that epoch a ready source of
-batches. Three ways to reach the checkpoint's batch, cheapest first:
+`restore_training_state` (trainer/checkpointing.py) loads the checkpoint's counters into the Trainer's
+progress and returns a `ResumePoint` with the rest (loader and RNG states); a fit without a checkpoint
+starts from an empty one, since a fit may also go on from where an earlier fit stopped mid-epoch. The
+fit loop settles it once the training loader is known and its first epoch gets a ready source of
+batches from it. Three ways to reach the progress' batch, cheapest first:
 
 * a stateful dataloader (`state_dict`/`load_state_dict`) is put back and continues by itself;
 * a checkpoint written by another number of processes: the sampler starts at the global sample the
@@ -19,41 +21,52 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from strategies.rank_zero import rank_zero_warn
+from strategies.rank_zero import rank_zero_info, rank_zero_warn
 from trainer.checkpoint_loops import restore_loader_states
 from trainer.loops.batches import iterate_limited
 from trainer.seed import restore_rank_rng_states
 
 if TYPE_CHECKING:
-    from trainer.state import LoopState
+    from trainer.state import FitProgress
     from trainer.trainer import Trainer
 
 
 @dataclass
 class ResumePoint:
-    batch_in_epoch: int  # the next batch of the resumed epoch
-    start_sample: int = 0  # another world size: the global sample the sampler starts at
+    """What a checkpoint restored beyond the progress counters, until the fit's first epoch uses it."""
+
     loader_states: list[dict[str, Any]] = field(default_factory=list)
     rng_states: dict[str, Any] | None = None
+    in_batch_end: bool = False  # the checkpoint was written in on_train_batch_end
+    start_sample: int = 0  # another world size: the global sample the sampler starts at (see `continue_stream`)
 
     @classmethod
-    def take(cls, state: LoopState) -> ResumePoint | None:
-        """The pending position, cleared from `state`; None when the fit starts afresh."""
-        point = cls(state.batch_in_epoch, state.resume_sample_offset, state.loader_states_to_restore,
-                    state.rng_to_restore)
-        state.resume_sample_offset, state.loader_states_to_restore, state.rng_to_restore = 0, [], None
-        fresh = not (point.batch_in_epoch or point.start_sample or point.loader_states) and point.rng_states is None
-        return None if fresh else point
+    def restored(cls, progress: FitProgress, loader_states: list[dict[str, Any]],
+                 rng_states: dict[str, Any] | None) -> ResumePoint:
+        """The point a checkpoint just loaded into `progress` describes; its in-batch-end mark moves here
+        (the new fit is not inside any batch's end hooks)."""
+        point = cls(loader_states, rng_states, progress.in_batch_end)
+        progress.in_batch_end = False
+        return point
+
+    def settle(self, trainer: Trainer, train_loader: Any) -> None:
+        """Before the first epoch, with the training loader requested: where in the data the fit goes on."""
+        _advance_past_finished_epoch(trainer.progress, trainer.num_training_batches)
+        self.start_sample = continue_stream(trainer, train_loader)
+
+    def pending(self, progress: FitProgress) -> bool:
+        """Whether the first epoch must open through `open`: it picks up inside an epoch, or has a loader's or
+        the RNG's state to put back."""
+        return bool(progress.batch_in_epoch or self.start_sample or self.loader_states) or self.rng_states is not None
 
     def open(self, trainer: Trainer, loader: Any) -> Iterator[tuple[int, Any]]:
-        """Position `loader` now and return the resumed epoch's `(batch_idx, batch)` pairs (lazily: the
-        epoch-start hooks run in between, as in the interrupted run)."""
-        skip, start_at = self.batch_in_epoch, 0
+        """Position `loader` at the progress' batch and return the resumed epoch's `(batch_idx, batch)` pairs
+        (lazily: the epoch-start hooks run in between, as in the interrupted run)."""
+        done = trainer.progress.batch_in_epoch
         if self.start_sample:  # the sampler starts where the other world size stopped: nothing to skip
             resumable_sampler(loader).set_start_sample(self.start_sample)
-            skip, start_at = 0, self.batch_in_epoch
-        if restore_loader_states([loader], self.loader_states):  # they resume by themselves
-            skip, start_at = 0, self.batch_in_epoch
+        positioned = restore_loader_states([loader], self.loader_states) or bool(self.start_sample)
+        skip, start_at = (0, done) if positioned else (done, 0)  # positioned loaders resume by themselves
         if skip:
             rank_zero_warn(f"Resuming inside epoch {trainer.current_epoch}: the training dataloader cannot restore its "
                            f"position (it has no state_dict/load_state_dict), so its first {skip} batch(es) are drawn "
@@ -66,6 +79,45 @@ class ResumePoint:
     def _restore_rng(self, trainer: Trainer) -> None:
         if self.rng_states is not None:
             restore_rank_rng_states(self.rng_states, trainer.global_rank, trainer.strategy.root_device.type)
+
+
+def _advance_past_finished_epoch(progress: FitProgress, per_epoch: int | float) -> None:
+    """A checkpoint written at the end of an epoch resumes at the start of the next one."""
+    if per_epoch != float("inf") and 0 <= per_epoch <= progress.batch_in_epoch:
+        progress.current_epoch += 1
+        progress.batch_in_epoch = progress.samples_in_epoch = 0
+
+
+def continue_stream(trainer: Trainer, train_loader: Any) -> int:
+    """A mid-epoch checkpoint from another number of processes: resume the epoch's *global* sample
+    order at the samples already consumed, instead of at a per-rank batch index (which would repeat
+    or skip data); returns that sample (0: resume by batch index, or nothing to resume). Batch
+    numbering continues so the epoch still ends at the last batch of this run's shards. The global
+    batch becomes world_size x batch_size of this run."""
+    progress = trainer.progress
+    saved_world, progress.world_size = progress.world_size, trainer.world_size
+    if progress.batch_in_epoch == 0 or saved_world in (0, trainer.world_size):
+        return 0  # same world (exact resume by skipping batches) or nothing to continue
+    sampler = resumable_sampler(train_loader)
+    if sampler is None:
+        rank_zero_warn(f"The checkpoint was written by {saved_world} process(es) and this run has "
+                       f"{trainer.world_size}; the training sampler cannot start mid-epoch (a custom sampler or "
+                       f"iterable data), so epoch {progress.current_epoch} resumes at batch {progress.batch_in_epoch} "
+                       f"of this run's shards and some of its samples may be seen twice or not at all.")
+        return 0
+    dataset_size = len(sampler.dataset)
+    if progress.samples_in_epoch >= dataset_size:
+        progress.batch_in_epoch = int(trainer.num_training_batches)  # the epoch was complete (a sized sampler)
+        return 0
+    sampler.set_start_sample(progress.samples_in_epoch)
+    left = len(train_loader)
+    sampler.set_start_sample(0)
+    progress.batch_in_epoch = max(0, int(trainer.num_training_batches) - left)
+    rank_zero_info(f"Resuming epoch {progress.current_epoch} written by {saved_world} process(es) on "
+                   f"{trainer.world_size}: continuing its sample order after {progress.samples_in_epoch} of "
+                   f"{dataset_size} samples ({left} batch(es) per rank left); the global batch is now "
+                   f"{trainer.world_size} x the per-process batch size.")
+    return progress.samples_in_epoch
 
 
 def resumable_sampler(loader: Any) -> Any:

@@ -151,7 +151,7 @@ def _optimizer_step(trainer: Trainer, module: nn.Module, batch_idx: int, optimiz
         ran.append(True)
         loss = closure()
         precision.unscale(optimizer)
-        if not trainer.nonfinite_watch.usable(trainer, optimizer, extract_loss(closure.output)):
+        if not trainer.fit_run.nonfinite_watch.usable(trainer, optimizer, extract_loss(closure.output)):
             raise _SkipStep
         callbacks.call("on_before_optimizer_step", trainer, module, optimizer)
         callbacks.call_module("configure_gradient_clipping", module, optimizer,
@@ -167,7 +167,7 @@ def _optimizer_step(trainer: Trainer, module: nn.Module, batch_idx: int, optimiz
     if not ran:  # training_step and backward never ran: the "step" would silently train nothing
         raise RuntimeError(f"{type(module).__name__}.optimizer_step() did not run its `optimizer_closure` (which runs "
                            "training_step and backward): pass it on, `optimizer.step(closure=optimizer_closure)`.")
-    trainer.loop_state.global_step += 1
+    trainer.progress.global_step += 1
 
 
 def _run_manual_batch(trainer: Trainer, module: nn.Module, batch: Any, batch_idx: int) -> Any:
@@ -211,8 +211,8 @@ def step_schedulers(trainer: Trainer, module: nn.Module, interval: str, batch_id
                               "False: its step is skipped.", RuntimeWarning, stacklevel=2)
                 continue
         trainer.callback_list.call_module("lr_scheduler_step", module, config.scheduler, metric)
-        trainer.loop_state.scheduler_steps += 1
-        trainer.loop_state.scheduler_steps_in_epoch += 1
+        trainer.progress.scheduler_steps += 1
+        trainer.progress.scheduler_steps_in_epoch += 1
 
 
 def extract_loss(output: Any) -> torch.Tensor | None:

@@ -33,7 +33,7 @@ def test_environment_variables_replace_defaults_not_explicit_arguments(monkeypat
 def test_max_epochs_none_means_max_steps_or_a_thousand_epochs(tmp_path: Path) -> None:
     assert Trainer().max_epochs is None  # as in Lightning; the loop uses 1000 epochs
     trainer = _trainer(tmp_path, max_steps=11)
-    assert trainer.max_epochs == -1
+    assert trainer.max_epochs is None  # as in Lightning: settled when fit starts
     trainer.fit(TinyRegressor(), datamodule=RegressionData())  # 8 batches an epoch: the limit is max_steps
     assert trainer.global_step == 11 and trainer.current_epoch == 2  # Lightning's values for the same run
 
