@@ -18,7 +18,7 @@ from torch import nn
 
 from strategies.rank_zero import rank_zero_warn
 from trainer.log_rules import LoggingError
-from trainer.logged_metrics import is_metric as _is_metric
+from trainer.metric_entry import is_metric as _is_metric
 
 _metric_ids: weakref.WeakKeyDictionary[nn.Module, set[int]] = weakref.WeakKeyDictionary()
 _LOG_KEYS = ("prog_bar", "logger", "on_step", "on_epoch", "reduce_fx", "sync_dist", "batch_size",
