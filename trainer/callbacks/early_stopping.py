@@ -16,7 +16,7 @@ import torch
 from typing_extensions import override
 
 from trainer.callbacks.base import Callback
-from trainer.callbacks.model_checkpoint import run_on_train_epoch_end
+from trainer.callbacks.save_schedule import run_on_train_epoch_end
 from trainer.contract import TrainerContract
 from trainer.lightning_types import is_lightning_instance
 
