@@ -1,29 +1,27 @@
 """LightningModule: Lightning's module API, as plain methods in one class.
 
 The Trainer drives the hooks; the module reaches back only through `self.trainer`'s public
-members. The functions at the bottom (`log`, `optimizers`, `manual_backward`, ...) are
-module-level so the same code serves an unchanged `pytorch_lightning.LightningModule`
-(see trainer/module_adapter.py).
+members. What `self.log` / `self.log_dict` do lives in trainer/module_logging.py, the optimizer
+API (`self.optimizers()`, `self.manual_backward`, ...) in trainer/module_optimization.py: there
+as module-level functions, so the same code serves an unchanged `pytorch_lightning.LightningModule`
+(see trainer/module_adapter.py, which binds them by these names).
 """
 
 from __future__ import annotations
 
 import inspect
-import sys
-import warnings
-import weakref
 from argparse import Namespace
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from strategies.rank_zero import rank_zero_warn
 from trainer.hparams import AttributeDict, collect_init_args, checkpoint_hparams
-from trainer.log_rules import LoggingError
-from trainer.logged_metrics import is_metric as _is_metric
+from trainer.module_logging import log, log_dict
+from trainer.module_optimization import (clip_gradients, lr_schedulers, manual_backward, optimizers, toggle_optimizer,
+                                         untoggle_optimizer)
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -310,143 +308,5 @@ class LightningModule(nn.Module):
         return state
 
 
-# ---------------------------------------------------------------------- shared implementations
-_metric_ids: weakref.WeakKeyDictionary[nn.Module, set[int]] = weakref.WeakKeyDictionary()
-_LOG_KEYS = ("prog_bar", "logger", "on_step", "on_epoch", "reduce_fx", "sync_dist", "batch_size",
-             "enable_graph", "sync_dist_group", "add_dataloader_idx", "metric_attribute", "rank_zero_only")
-
-
-def log(module: nn.Module, name: str, value: Any, **kwargs: Any) -> None:
-    """`self.log`: hand the value to the trainer's metric store with the current hook's defaults."""
-    unknown = set(kwargs) - set(_LOG_KEYS)
-    if unknown:
-        raise TypeError(f"self.log() got unexpected arguments {sorted(unknown)}; allowed: {list(_LOG_KEYS)}.")
-    trainer = getattr(module, "_trainer", None)
-    if trainer is None:  # a step called by hand, e.g. in a test: nothing to log to (as in Lightning)
-        warnings.warn(f"self.log({name!r}) is ignored: {type(module).__name__} is not attached to a Trainer.",
-                      stacklevel=3)
-        return
-    if getattr(trainer, "barebones", False):  # Lightning drops the value with a warning
-        rank_zero_warn(f"self.log({name!r}) is ignored: Trainer(barebones=True) turns logging off for raw speed.")
-        return
-    fx = getattr(module, "_current_fx_name", None)
-    if fx is None:
-        raise LoggingError(f"self.log({name!r}) was called outside the steps and hooks the Trainer runs, so no hook "
-                           "decides how to log it; log from a step or a hook.")
-    if _is_metric(value) and kwargs.get("metric_attribute") is None:
-        _check_metric_attribute(module, name, value)
-    if kwargs.get("logger") and trainer.logger is None:  # asked for explicitly (the default is None)
-        rank_zero_warn(f"self.log({name!r}, ..., logger=True): this Trainer has no logger, so the value reaches "
-                       "only the callback and progress-bar metrics; pass Trainer(logger=...) to record it.")
-    if kwargs.get("logger", True) is None:  # Lightning's default: the logger gets it
-        kwargs["logger"] = True
-    trainer.metric_store.log(fx, name, value, **{k: v for k, v in kwargs.items()
-                                                 if k not in ("enable_graph", "sync_dist_group",
-                                                              "metric_attribute", "rank_zero_only")})
-
-
-def _check_metric_attribute(module: nn.Module, name: str, metric: Any) -> None:
-    """A logged torchmetrics object must be one of the module's submodules (Lightning's rule: that is
-    how it is found again, e.g. to be reset and moved with the module). The module's metrics are
-    listed once and again only when an unknown one is logged, not on every batch."""
-    known = _metric_ids.get(module)
-    if known is None or id(metric) not in known:
-        known = _metric_ids[module] = {id(child) for child in module.modules() if _is_metric(child)}
-    if id(metric) in known:
-        return
-    owned = [child_name for child_name, child in module.named_modules() if _is_metric(child)]
-    hint = (f"pass metric_attribute= naming one of {owned}" if owned
-            else "assign the metric to an attribute of the module in __init__")
-    raise LoggingError(f"self.log({name!r}, <{type(metric).__name__}>): this metric is not an attribute of "
-                       f"{type(module).__name__}; {hint}.")
-
-
-def log_dict(module: nn.Module, dictionary: Mapping[str, Any], **kwargs: Any) -> None:
-    for name, value in _loggable_items(dictionary):
-        log(module, name, value, **kwargs)
-
-
-def _loggable_items(dictionary: Mapping[str, Any]) -> Iterable[tuple[str, Any]]:
-    """A dict's items; a torchmetrics MetricCollection's metrics under their prefixed names, and,
-    when it has compute groups, sharing their group's state by reference (copying it into every
-    member on each call is what compute groups avoid), as Lightning takes them."""
-    torchmetrics = sys.modules.get("torchmetrics")  # a MetricCollection means torchmetrics is imported
-    if torchmetrics is not None and isinstance(dictionary, torchmetrics.MetricCollection):
-        shares_state = bool(getattr(dictionary, "_enable_compute_groups", False))
-        return dictionary.items(keep_base=False, copy_state=not shares_state)
-    return dictionary.items()
-
-
-def optimizers(module: nn.Module, use_pl_optimizer: bool = True) -> Any:
-    """The optimizers; wrapped (stepping counts into global_step, loss scaling applied) unless
-    `use_pl_optimizer=False`."""
-    trainer = _trainer_of(module)
-    opts = trainer.wrapped_optimizers if use_pl_optimizer else trainer.optimizers
-    return opts[0] if len(opts) == 1 else opts
-
-
-def lr_schedulers(module: nn.Module) -> Any:
-    schedulers = [config.scheduler for config in _trainer_of(module).lr_scheduler_configs]
-    if not schedulers:
-        return None
-    return schedulers[0] if len(schedulers) == 1 else schedulers
-
-
-def manual_backward(module: nn.Module, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-    """Manual optimization's backward (Lightning's order): precision scaling, on_before_backward,
-    the module's `backward` hook with `args`/`kwargs` (e.g. retain_graph=True) under the
-    strategy's gradient sync, on_after_backward."""
-    from trainer.loops.training_step import backward
-
-    trainer = _trainer_of(module)
-    if getattr(module, "automatic_optimization", True):
-        raise RuntimeError("manual_backward() is for manual optimization: set `self.automatic_optimization = False` "
-                           "in __init__, or return the loss from training_step.")
-    backward(trainer, module, loss, *args, **kwargs)
-
-
-def clip_gradients(module: nn.Module, optimizer: Any, gradient_clip_val: float | None = None,
-                   gradient_clip_algorithm: str | None = None) -> None:
-    """Clip the optimizer's gradients; a value left as None takes the Trainer's argument. Passing
-    values here while the Trainer also sets them is ambiguous and raises, as in Lightning."""
-    trainer = getattr(module, "_trainer", None)
-    trainer_val = getattr(trainer, "gradient_clip_val", None)
-    trainer_algorithm = getattr(trainer, "gradient_clip_algorithm", None)
-    if gradient_clip_val is not None and trainer_val is not None and gradient_clip_val != trainer_val:
-        raise ValueError(f"clip_gradients(gradient_clip_val={gradient_clip_val}) conflicts with "
-                         f"Trainer(gradient_clip_val={trainer_val}); set it in one place only.")
-    if gradient_clip_algorithm is not None and trainer_algorithm is not None \
-            and gradient_clip_algorithm != trainer_algorithm:
-        raise ValueError(f"clip_gradients(gradient_clip_algorithm={gradient_clip_algorithm!r}) conflicts with "
-                         f"Trainer(gradient_clip_algorithm={trainer_algorithm!r}); set it in one place only.")
-    gradient_clip_val = gradient_clip_val if gradient_clip_val is not None else (trainer_val or 0.0)
-    algorithm = gradient_clip_algorithm or trainer_algorithm or "norm"
-    _trainer_of(module).precision_plugin.clip_gradients(optimizer, gradient_clip_val, algorithm)
-
-
-def toggle_optimizer(module: nn.Module, optimizer: Any) -> None:
-    """Freeze parameters that belong only to other optimizers (multi-optimizer training)."""
-    own = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    saved: dict[torch.Tensor, bool] = {}
-    for other in _trainer_of(module).optimizers:
-        for group in other.param_groups:
-            for parameter in group["params"]:
-                if id(parameter) not in own:
-                    saved.setdefault(parameter, parameter.requires_grad)
-                    parameter.requires_grad = False
-    module.__dict__["_toggled_requires_grad"] = saved
-
-
-def untoggle_optimizer(module: nn.Module, optimizer: Any) -> None:
-    for parameter, requires_grad in module.__dict__.pop("_toggled_requires_grad", {}).items():
-        parameter.requires_grad = requires_grad
-
-
-def _trainer_of(module: nn.Module) -> Any:
-    trainer = getattr(module, "_trainer", None)
-    if trainer is None:
-        raise RuntimeError(f"{type(module).__name__} is not attached to a Trainer; call Trainer.fit(model) first.")
-    return trainer
-
-
-__all__ = ["LightningModule", "checkpoint_hparams"]
+__all__ = ["LightningModule", "checkpoint_hparams", "clip_gradients", "log", "log_dict", "lr_schedulers",
+           "manual_backward", "optimizers", "toggle_optimizer", "untoggle_optimizer"]

@@ -2,7 +2,10 @@
 
 Callbacks may be ours (`trainer.callbacks.Callback`) or Lightning's (`pytorch_lightning` /
 `lightning.pytorch` `Callback` subclasses): both expose the same hooks with the same
-arguments. Lightning's classes are recognised by name, so Lightning is never imported here.
+arguments. A callback's kind (checkpointing, early stopping, ...) is recognised by type: our
+own classes by `isinstance`, Lightning's through `trainer.lightning_types`, which finds them
+among the modules already imported and so never imports Lightning. A user's class that merely
+shares a name with one of Lightning's (`EarlyStopping`) is therefore never taken for it.
 """
 
 from __future__ import annotations
@@ -13,43 +16,39 @@ from typing import Any
 from torch import nn
 
 from trainer.callbacks.base import Callback
+from trainer.callbacks.early_stopping import EarlyStopping
+from trainer.callbacks.model_checkpoint import ModelCheckpoint
+from trainer.callbacks.model_summary import ModelSummary
+from trainer.callbacks.progress import TQDMProgressBar
 from trainer.contract import TrainerContract
+from trainer.lightning_types import is_lightning_instance
 from trainer.module_adapter import set_current_hook
-
-_LIGHTNING_CALLBACK_MODULES = ("pytorch_lightning.callbacks.callback", "lightning.pytorch.callbacks.callback")
-
-
-def is_lightning_object(obj: Any, class_name: str, modules: Sequence[str]) -> bool:
-    """True when `obj` is an instance of Lightning's `class_name` defined in one of `modules`."""
-    return any(cls.__name__ == class_name and cls.__module__ in modules for cls in type(obj).__mro__)
-
-
-def _class_named(obj: Any, *names: str) -> bool:
-    return any(cls.__name__ in names for cls in type(obj).__mro__)
 
 
 def adopt_callback(callback: Any) -> Any:
     """Accept our callbacks and Lightning's; refuse anything else naming what was passed."""
-    if isinstance(callback, Callback) or is_lightning_object(callback, "Callback", _LIGHTNING_CALLBACK_MODULES):
+    if isinstance(callback, Callback) or is_lightning_instance(callback, "callbacks.Callback"):
         return callback
     raise TypeError(f"callbacks must be Callback instances (trainer.callbacks.Callback or Lightning's Callback); "
                     f"got {type(callback).__name__}.")
 
 
 def is_checkpoint(callback: Any) -> bool:
-    return hasattr(callback, "best_model_path") or _class_named(callback, "Checkpoint")
+    """Ours, Lightning's `Checkpoint` family, or any callback that tracks a `best_model_path`."""
+    return hasattr(callback, "best_model_path") or isinstance(callback, ModelCheckpoint) \
+        or is_lightning_instance(callback, "callbacks.Checkpoint")
 
 
 def is_early_stopping(callback: Any) -> bool:
-    return _class_named(callback, "EarlyStopping")
+    return isinstance(callback, EarlyStopping) or is_lightning_instance(callback, "callbacks.EarlyStopping")
 
 
 def is_progress_bar(callback: Any) -> bool:
-    return _class_named(callback, "TQDMProgressBar", "ProgressBar", "RichProgressBar")
+    return isinstance(callback, TQDMProgressBar) or is_lightning_instance(callback, "callbacks.ProgressBar")
 
 
 def is_model_summary(callback: Any) -> bool:
-    return _class_named(callback, "ModelSummary", "RichModelSummary")
+    return isinstance(callback, ModelSummary) or is_lightning_instance(callback, "callbacks.ModelSummary")
 
 
 def is_monitoring(callback: Any) -> bool:

@@ -16,8 +16,9 @@ import torch
 from typing_extensions import override
 
 from trainer.callbacks.base import Callback
-from trainer.callbacks.model_checkpoint import run_on_train_epoch_end
+from trainer.callbacks.save_schedule import run_on_train_epoch_end
 from trainer.contract import TrainerContract
+from trainer.lightning_types import is_lightning_instance
 
 
 class EarlyStoppingReason(enum.Enum):
@@ -32,7 +33,8 @@ class EarlyStoppingReason(enum.Enum):
     def __eq__(self, other: object) -> bool:
         """Also equal to Lightning's member of the same name, so code written against Lightning's
         enum (`callback.stopping_reason == EarlyStoppingReason.PATIENCE_EXHAUSTED`) still holds."""
-        if isinstance(other, enum.Enum) and type(other).__name__ == type(self).__name__:
+        theirs = "callbacks.early_stopping.EarlyStoppingReason"
+        if isinstance(other, enum.Enum) and (type(other) is type(self) or is_lightning_instance(other, theirs)):
             return other.name == self.name
         return NotImplemented
 

@@ -1,5 +1,9 @@
 """ModelCheckpoint: Lightning's checkpoint callback (when to save, which files to keep).
 
+This file holds the hooks and the bookkeeping of each save event (which files to write, keep and
+delete). Its rules live beside it in trainer/callbacks/: when a save is due (save_schedule.py), how
+scores rank (top_k.py), and where files go and what they are called (checkpoint_files.py).
+
 Every rank runs the same hooks. Whatever depends on metrics or on the file system (is this
 score in the top k? which file falls out? is the name taken?) is decided on global rank 0 and
 broadcast as one plan, so every rank then takes the same collective path, in the same order:
@@ -8,11 +12,7 @@ broadcast as one plan, so every rank then takes the same collective path, in the
 
 from __future__ import annotations
 
-import math
 import os
-import re
-import shutil
-import time
 import typing
 import warnings
 from datetime import timedelta
@@ -23,34 +23,11 @@ import torch
 from typing_extensions import override
 
 from trainer.callbacks.base import Callback
+from trainer.callbacks.checkpoint_files import (default_dirpath, find_last_files, format_filename, normalise_dirpath,
+                                                replace_with_link)
+from trainer.callbacks.save_schedule import SaveSchedule
+from trainer.callbacks.top_k import WORST, best_and_worst, enters_top_k, score_of, validate_ranking
 from trainer.contract import TrainerContract
-
-_WORSE = {"min": math.inf, "max": -math.inf}
-
-
-def resolve_last_checkpoint(dirpath: str | os.PathLike[str] | None) -> str | None:
-    """The newest `*.ckpt` in `dirpath` (what `fit(ckpt_path="last")` tries first), or None."""
-    from trainer.checkpointing import checkpoint_candidates
-
-    candidates = checkpoint_candidates(None if dirpath is None else os.fspath(dirpath))
-    return candidates[0] if candidates else None
-
-
-def run_on_train_epoch_end(trainer: TrainerContract, explicit: bool | None) -> bool:
-    """Lightning's rule for epoch-level work (saving, early-stopping checks): at train epoch end
-    when there is no validation or it runs exactly once at each epoch's end (then both train and
-    validation epoch metrics exist), otherwise right after each validation."""
-    if explicit is not None:
-        return explicit
-    if trainer.check_val_every_n_epoch != 1:
-        return False
-    if sum(trainer.num_val_batches or [0]) == 0:
-        return True
-    return trainer.val_check_interval == 1.0
-
-
-def _plain(value: Any) -> Any:
-    return value.item() if isinstance(value, torch.Tensor) and value.numel() == 1 else value
 
 
 class ModelCheckpoint(Callback):
@@ -71,29 +48,20 @@ class ModelCheckpoint(Callback):
                  every_n_epochs: int | None = None, save_on_train_epoch_end: bool | None = None,
                  enable_version_counter: bool = True, save_on_exception: bool = False,
                  train_time_interval: timedelta | None = None) -> None:
-        _validate(monitor, mode, save_top_k, save_last, every_n_train_steps, every_n_epochs)
-        self.dirpath = _normalise_dirpath(dirpath)
+        validate_ranking(monitor, mode, save_top_k)
+        if save_last not in (None, True, False, "link"):
+            raise ValueError(f"ModelCheckpoint(save_last={save_last!r}) is not supported; expected True, False, "
+                             "'link' or None.")
+        self._schedule = SaveSchedule(every_n_train_steps, every_n_epochs, train_time_interval, save_on_train_epoch_end)
+        self.dirpath = normalise_dirpath(dirpath)
         self.filename, self.monitor, self.mode, self.verbose = filename, monitor, mode, verbose
         self.save_last, self.save_top_k, self.save_weights_only = save_last, save_top_k, save_weights_only
         self.auto_insert_metric_name = auto_insert_metric_name
-        self._save_on_train_epoch_end = save_on_train_epoch_end
         self._enable_version_counter = enable_version_counter
-        if train_time_interval is not None and (every_n_train_steps or every_n_epochs):
-            raise ValueError("ModelCheckpoint: pass one of every_n_train_steps, every_n_epochs and "
-                             "train_time_interval, not several.")
-        if train_time_interval is not None and not isinstance(train_time_interval, timedelta):
-            raise TypeError(f"ModelCheckpoint(train_time_interval={train_time_interval!r}) must be a "
-                            "datetime.timedelta.")
         self.save_on_exception = bool(save_on_exception)
-        self._train_time_interval = train_time_interval
-        self._last_time_saved = time.monotonic()
-        # Lightning's default when no trigger is given: once per epoch (after validation).
-        no_trigger = every_n_train_steps is None and every_n_epochs is None and train_time_interval is None
-        self._every_n_train_steps = every_n_train_steps or 0
-        self._every_n_epochs = 1 if no_trigger else (every_n_epochs or 0)
         self.best_k_models: dict[str, torch.Tensor] = {}
         self.kth_best_model_path = ""
-        self.kth_value = torch.tensor(_WORSE[mode])
+        self.kth_value = torch.tensor(WORST[mode])
         self.best_model_score: torch.Tensor | None = None
         self.best_model_path = ""
         self.last_model_path = ""
@@ -107,8 +75,9 @@ class ModelCheckpoint(Callback):
     @property
     @override
     def state_key(self) -> str:
-        settings = {"monitor": self.monitor, "mode": self.mode, "every_n_train_steps": self._every_n_train_steps,
-                    "every_n_epochs": self._every_n_epochs, "train_time_interval": self._train_time_interval}
+        schedule = self._schedule
+        settings = {"monitor": self.monitor, "mode": self.mode, "every_n_train_steps": schedule.every_n_train_steps,
+                    "every_n_epochs": schedule.every_n_epochs, "train_time_interval": schedule.train_time_interval}
         return f"{type(self).__qualname__}{settings!r}"
 
     # ------------------------------------------------------------------ hooks
@@ -126,12 +95,11 @@ class ModelCheckpoint(Callback):
 
     @override
     def on_train_batch_end(self, trainer: TrainerContract, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        every = self._every_n_train_steps
-        if every >= 1 and trainer.global_step % every == 0 and not self._skip(trainer):
+        if self._schedule.steps_due(trainer) and not self._skip(trainer):
             self._save_or_wait_for_validation(trainer)
-        elif self._train_time_interval is not None and self._time_due(trainer) and not self._skip(trainer):
+        elif self._schedule.time_due(trainer) and not self._skip(trainer):
             self._save_or_wait_for_validation(trainer)
-            self._last_time_saved = time.monotonic()
+            self._schedule.restart_clock()
 
     def _save_or_wait_for_validation(self, trainer: TrainerContract) -> None:
         """A step or time trigger. When the monitored metric is a validation one that does not exist
@@ -147,21 +115,15 @@ class ModelCheckpoint(Callback):
             return False
         if self.monitor not in self._monitor_candidates(trainer):  # (epoch and step are always there)
             return True
-        if run_on_train_epoch_end(trainer, self._save_on_train_epoch_end) or not trainer.is_last_batch:
+        if self._schedule.at_train_epoch_end(trainer) or not trainer.is_last_batch:
             return False
         every_n_epochs = trainer.check_val_every_n_epoch
         return bool(trainer.enable_validation and sum(trainer.num_val_batches) > 0
                     and (every_n_epochs is None or (trainer.current_epoch + 1) % every_n_epochs == 0))
 
-    def _time_due(self, trainer: TrainerContract) -> bool:
-        """Rank 0's clock decides (one broadcast a batch), so every rank saves at the same step."""
-        assert self._train_time_interval is not None
-        elapsed = time.monotonic() - self._last_time_saved
-        return bool(trainer.strategy.broadcast(elapsed >= self._train_time_interval.total_seconds()))
-
     @override
     def on_train_start(self, trainer: TrainerContract, pl_module: Any) -> None:
-        self._last_time_saved = time.monotonic()
+        self._schedule.restart_clock()
 
     @override
     def on_exception(self, trainer: TrainerContract, pl_module: Any, exception: BaseException) -> None:
@@ -193,18 +155,18 @@ class ModelCheckpoint(Callback):
 
     @override
     def on_train_epoch_end(self, trainer: TrainerContract, pl_module: Any) -> None:
-        if run_on_train_epoch_end(trainer, self._save_on_train_epoch_end) and not self._skip(trainer):
-            self._save(trainer, top_k=self._epoch_due(trainer), last_needs_top_k=True)
+        if self._schedule.at_train_epoch_end(trainer) and not self._skip(trainer):
+            self._save(trainer, top_k=self._schedule.epoch_due(trainer), last_needs_top_k=True)
 
     @override
     def on_validation_end(self, trainer: TrainerContract, pl_module: Any) -> None:
-        if run_on_train_epoch_end(trainer, self._save_on_train_epoch_end) or self._skip(trainer):
+        if self._schedule.at_train_epoch_end(trainer) or self._skip(trainer):
             return
         if self._save_at_validation_end:
             self._save_at_validation_end = False
             self._save(trainer, top_k=True)
         else:
-            self._save(trainer, top_k=self._epoch_due(trainer), last_needs_top_k=True)
+            self._save(trainer, top_k=self._schedule.epoch_due(trainer), last_needs_top_k=True)
 
     @override
     def on_train_end(self, trainer: TrainerContract, pl_module: Any) -> None:
@@ -255,25 +217,13 @@ class ModelCheckpoint(Callback):
                                 auto_insert_metric_name: bool = True) -> str:
         """The file name without directory and extension (the join and equals characters are read
         from the instance, so a subclass or instance may change them)."""
-        filename = filename or "{epoch}" + self.CHECKPOINT_JOIN_CHAR + "{step}"
-        values = {key: _plain(value) for key, value in metrics.items()}
-        # Longest first, so "{epoch_test" is rewritten before "{epoch" could match inside it.
-        for group in sorted(re.findall(r"(\{.*?)[:\}]", filename), key=len, reverse=True):
-            name = group[1:]
-            if auto_insert_metric_name:
-                filename = filename.replace(group, name + self.CHECKPOINT_EQUALS_CHAR + "{" + name)
-            filename = filename.replace(group, f"{{0[{name}]")  # index form: keys may hold dots
-            values.setdefault(name, 0)
-        filename = filename.format(values)
-        return self.CHECKPOINT_JOIN_CHAR.join((prefix, filename)) if prefix else filename
+        return format_filename(filename, metrics, prefix, auto_insert_metric_name, self.CHECKPOINT_JOIN_CHAR,
+                               self.CHECKPOINT_EQUALS_CHAR)
 
     # ------------------------------------------------------------------ saving
     def _skip(self, trainer: TrainerContract) -> bool:
         return (not self._fitting or bool(trainer.fast_dev_run) or trainer.sanity_checking
                 or self._last_global_step_saved == trainer.global_step)
-
-    def _epoch_due(self, trainer: TrainerContract) -> bool:
-        return self._every_n_epochs >= 1 and (trainer.current_epoch + 1) % self._every_n_epochs == 0
 
     def _save(self, trainer: TrainerContract, top_k: bool, last_needs_top_k: bool = False) -> None:
         """One save event: rank 0 plans, every rank applies that plan and runs its collectives.
@@ -343,43 +293,27 @@ class ModelCheckpoint(Callback):
 
     @staticmethod
     def _link_checkpoint(trainer: TrainerContract, filepath: str, linkpath: str) -> None:
-        """save_last="link": `last.ckpt` becomes a relative symlink to the newest checkpoint, replaced
-        atomically on global rank 0 (no copy of the weights); every rank waits for it. Whatever held
-        the link's name before (a file, a link, a directory) is replaced."""
+        """save_last="link": `last.ckpt` becomes a link to the newest checkpoint, made on global rank 0;
+        every rank waits for it."""
         if trainer.is_global_zero:
-            temporary = f"{linkpath}.tmp-link"
-            if os.path.lexists(temporary):
-                os.remove(temporary)
-            try:
-                os.symlink(os.path.relpath(filepath, os.path.dirname(linkpath) or "."), temporary)
-            except OSError:  # no right to make links (Windows without developer mode): a copy instead
-                shutil.copy2(filepath, temporary)
-            if os.path.isdir(linkpath) and not os.path.islink(linkpath):
-                shutil.rmtree(linkpath)
-            os.replace(temporary, linkpath)
+            replace_with_link(filepath, linkpath)
         trainer.strategy.barrier("ModelCheckpoint link")
 
     def _find_last_checkpoints(self, trainer: TrainerContract) -> set[str]:
         """The `last` files in dirpath (`last.ckpt`, `last-v1.ckpt`, ...: this callback's name and
         extension). `trainer` is part of Lightning's signature for this query; a local directory
         needs nothing from it."""
-        if not self.dirpath or not os.path.isdir(self.dirpath):
-            return set()
-        pattern = re.compile(re.escape(self.CHECKPOINT_NAME_LAST) + r"(-v\d+)?" + re.escape(self.FILE_EXTENSION) + "$")
-        return {os.path.join(self.dirpath, name) for name in os.listdir(self.dirpath)
-                if pattern.match(name) and os.path.isfile(os.path.join(self.dirpath, name))}
+        return find_last_files(self.dirpath, self.CHECKPOINT_NAME_LAST, self.FILE_EXTENSION)
 
     @property
     def every_n_epochs(self) -> int:
         """Epochs between saves (0: not by epoch); 1 when no trigger was given."""
-        return self._every_n_epochs
+        return self._schedule.every_n_epochs
 
     def _plan_monitored(self, value: Any, metrics: dict[str, Any], save: list[str], remove: list[str]) -> str:
-        current = torch.as_tensor(value).detach().float().cpu().reshape(())
-        if torch.isnan(current):
-            current = torch.tensor(_WORSE[self.mode])  # a NaN never ranks above a real score
+        current = score_of(value, self.mode)
         where = f"Epoch {metrics['epoch']}, global step {metrics['step']}: {self.monitor!r}"
-        if not self._enters_top_k(current):
+        if not enters_top_k(self.best_k_models, self.kth_best_model_path, current, self.save_top_k, self.mode):
             return f"{where} was not in top {self.save_top_k}"
         k = len(self.best_k_models) + 1 if self.save_top_k == -1 else self.save_top_k
         dropped = ""
@@ -389,22 +323,13 @@ class ModelCheckpoint(Callback):
         path = self._free_path(metrics, None, dropped)
         self.current_score = current
         self.best_k_models[path] = current
-        best, worst = (min, max) if self.mode == "min" else (max, min)
-        score = lambda p: float(self.best_k_models[p])  # noqa: E731 - ties go to the oldest entry
+        self.best_model_path, worst = best_and_worst(self.best_k_models, self.mode)
         if len(self.best_k_models) == k:
-            self.kth_best_model_path = worst(self.best_k_models, key=score)
-            self.kth_value = self.best_k_models[self.kth_best_model_path]
-        self.best_model_path = best(self.best_k_models, key=score)
+            self.kth_best_model_path, self.kth_value = worst, self.best_k_models[worst]
         self.best_model_score = self.best_k_models[self.best_model_path]
         save.append(path)
         self._remove_if_ours(dropped, path, remove)
         return f"{where} reached {float(current):.5f} (best {float(self.best_model_score):.5f}), saving {path!r}"
-
-    def _enters_top_k(self, current: torch.Tensor) -> bool:
-        if self.save_top_k == -1 or len(self.best_k_models) < self.save_top_k:
-            return True
-        kth = self.best_k_models[self.kth_best_model_path]
-        return bool(current < kth) if self.mode == "min" else bool(current > kth)
 
     def _free_path(self, metrics: dict[str, Any], filename: str | None, reusable: str) -> str:
         """A path no other file holds (`-v1`, `-v2`, ... appended), except `reusable` itself."""
@@ -434,44 +359,8 @@ class ModelCheckpoint(Callback):
                 f"available: {sorted(metrics)}. Log it with self.log({self.monitor!r}, value) or change `monitor`.")
 
     def _resolve_dirpath(self, trainer: TrainerContract) -> str:
-        """Lightning's default: `<save_dir>/<name>/<version>/checkpoints` of the first logger,
-        else `<default_root_dir>/checkpoints`."""
-        if self.dirpath is not None:
-            return self.dirpath
-        if trainer.loggers:
-            logger = trainer.loggers[0]
-            save_dir = getattr(logger, "save_dir", None) or trainer.default_root_dir
-            version = logger.version if isinstance(logger.version, str) else f"version_{logger.version}"
-            return os.path.join(save_dir, str(logger.name), version, "checkpoints")
-        return os.path.join(trainer.default_root_dir, "checkpoints")
-
-
-def _normalise_dirpath(dirpath: str | os.PathLike[str] | None) -> str | None:
-    """A local directory becomes absolute (`~` expanded); a URL (`s3://...`) and "" stay as given."""
-    if not dirpath or "://" in str(dirpath):
-        return None if dirpath is None else str(dirpath)
-    return os.path.realpath(os.path.expanduser(dirpath))
-
-
-def _validate(monitor: str | None, mode: str, save_top_k: int, save_last: bool | Literal["link"] | None,
-              every_n_train_steps: int | None, every_n_epochs: int | None) -> None:
-    if mode not in _WORSE:
-        raise ValueError(f"ModelCheckpoint(mode={mode!r}) is not supported; expected 'min' or 'max'.")
-    if isinstance(save_top_k, bool) or not isinstance(save_top_k, int) or save_top_k < -1:
-        raise ValueError(f"ModelCheckpoint(save_top_k={save_top_k!r}) must be an int >= -1 "
-                         "(-1 keeps every checkpoint, 0 saves none, k keeps the k best).")
-    if monitor is None and save_top_k not in (-1, 0, 1):
-        raise ValueError(f"ModelCheckpoint(save_top_k={save_top_k}, monitor=None) cannot rank checkpoints; "
-                         "pass monitor='<logged metric>' or use save_top_k in (-1, 0, 1).")
-    if save_last not in (None, True, False, "link"):
-        raise ValueError(f"ModelCheckpoint(save_last={save_last!r}) is not supported; expected True, False, 'link' "
-                         "or None.")
-    for name, value in (("every_n_train_steps", every_n_train_steps), ("every_n_epochs", every_n_epochs)):
-        if value is not None and value < 0:
-            raise ValueError(f"ModelCheckpoint({name}={value}) must be >= 0 (0 disables this trigger).")
-    if (every_n_train_steps or 0) > 0 and (every_n_epochs or 0) > 0:
-        raise ValueError(f"ModelCheckpoint(every_n_train_steps={every_n_train_steps}, every_n_epochs="
-                         f"{every_n_epochs}): the triggers are mutually exclusive; set only one of them.")
+        """The given dirpath, else Lightning's default (see `default_dirpath`)."""
+        return self.dirpath if self.dirpath is not None else default_dirpath(trainer)
 
 
 # Real annotation objects on the signature (this module postpones annotations), so tools that build

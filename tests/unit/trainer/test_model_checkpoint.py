@@ -9,7 +9,9 @@ import torch
 
 from strategies.checkpoint_io import TorchCheckpointIO
 from tests.helpers.fake_trainer import BroadcastChannel, FakeTrainer, RecordingLogger
-from trainer.callbacks.model_checkpoint import ModelCheckpoint, resolve_last_checkpoint, run_on_train_epoch_end
+from trainer.callbacks.checkpoint_files import resolve_last_checkpoint
+from trainer.callbacks.model_checkpoint import ModelCheckpoint
+from trainer.callbacks.save_schedule import run_on_train_epoch_end
 
 
 def _files(directory: Path) -> list[str]:
