@@ -20,8 +20,10 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 
-from trainer import Trainer, cli
-from trainer.config import ConfigError, run_name, validate
+import trainer
+from trainer import Trainer
+from trainer.cli import command as cli
+from trainer.cli.config import ConfigError, run_name, validate
 from trainer.precision import normalize_precision
 
 PRESETS = [
@@ -182,7 +184,7 @@ def test_external_launch_shares_one_directory(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_config_dir_is_shipped_in_the_package() -> None:
-    packaged = Path(cli.__file__).parent / "conf" / "config.yaml"
+    packaged = Path(trainer.__file__).parent / "conf" / "config.yaml"
     assert Path(cli.config_dir(), "config.yaml").is_file()
     assert packaged.is_file(), "trainer/conf must exist (a link to conf/ in a checkout) so wheels ship it"
 

@@ -31,7 +31,7 @@ from strategies.base import resolve_accelerator
 from strategies.environment import (SLURM_INTERACTIVE_JOB_NAMES, LocalEnvironment, SLURMEnvironment,
                                     TorchElasticEnvironment)
 from strategies.slurm_requeue import slurm_job_id
-from trainer.strategy_schema import strategy_schema
+from trainer.cli.strategy_schema import strategy_schema
 from trainer.trainer import Trainer
 from trainer.validation import resolve_trainer_args
 
@@ -182,10 +182,11 @@ SCHEMAS: dict[tuple[str, str], type] = {
 def config_dir() -> str:
     """`conf/`: shipped inside the package as `trainer/conf` (a link to the top-level `conf/`
     in a source checkout, real files in a wheel); the checkout's `conf/` if the link is missing."""
-    packaged = Path(__file__).resolve().parent / "conf"
+    package = Path(__file__).resolve().parents[1]  # trainer/, above this cli/ package
+    packaged = package / "conf"
     if (packaged / "config.yaml").is_file():
         return str(packaged)
-    return str(Path(__file__).resolve().parent.parent / "conf")
+    return str(package.parent / "conf")
 
 
 def register_configs() -> None:

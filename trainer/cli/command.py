@@ -26,10 +26,10 @@ from omegaconf.errors import OmegaConfBaseException
 
 from strategies.environment import detect_environment, processes_launched_externally
 from trainer import Trainer, seed_everything
-from trainer.cli_errors import describe_error
+from trainer.cli.errors import describe_error
 from strategies.launcher import WorkerFailedError
 from strategies.preemption import PREEMPTED_EXIT_CODE, Preempted
-from trainer.config import ConfigError, config_dir, validate
+from trainer.cli.config import ConfigError, config_dir, validate
 from trainer.loggers import TensorBoardLogger
 
 PROG = "ddp-train"

@@ -3,7 +3,7 @@
 A strategy argument lives in two places: the constructor (its name, type, default and checks) and
 `conf/strategy/<name>.yaml` (the CLI's default and its comment). The schema Hydra checks overrides
 against (a typo'd key, `max_restarts=abc`) is derived here from the constructor's signature, and the
-checks run when `trainer.config.validate` builds the strategy, so no third copy can drift.
+checks run when `trainer.cli.config.validate` builds the strategy, so no third copy can drift.
 """
 
 from __future__ import annotations

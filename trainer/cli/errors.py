@@ -17,9 +17,9 @@ from hydra.errors import InstantiationException, MissingConfigException, Overrid
 from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from trainer.config import config_dir
+from trainer.cli.config import config_dir
 
-SCHEMA_PREFIX = "base_"  # ConfigStore schemas (trainer/config.py) are not choices a user makes
+SCHEMA_PREFIX = "base_"  # ConfigStore schemas (trainer/cli/config.py) are not choices a user makes
 
 
 def describe_error(error: BaseException) -> str:
