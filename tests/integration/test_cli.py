@@ -23,7 +23,9 @@ from omegaconf import DictConfig, OmegaConf
 import trainer
 from trainer import Trainer
 from trainer.cli import command as cli
-from trainer.cli.config import ConfigError, run_name, validate
+from trainer.cli.checks import validate
+from trainer.cli.errors import ConfigError
+from trainer.cli.run_dir import run_name
 from trainer.precision import normalize_precision
 
 PRESETS = [

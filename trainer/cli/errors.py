@@ -2,7 +2,8 @@
 
 Hydra and OmegaConf report bad overrides as multi-line messages with search paths and
 object types; a user needs the key, the value and the choices. `describe_error` extracts
-those from the exception's attributes (not by parsing its text where it can avoid it).
+those from the exception's attributes (not by parsing its text where it can avoid it);
+`ConfigError` is the CLI's own such line, raised by its checks and its constructors' wrapper.
 """
 
 from __future__ import annotations
@@ -17,9 +18,29 @@ from hydra.errors import InstantiationException, MissingConfigException, Overrid
 from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from trainer.cli.config import config_dir
+from trainer.cli.schemas import config_dir
 
-SCHEMA_PREFIX = "base_"  # ConfigStore schemas (trainer/cli/config.py) are not choices a user makes
+SCHEMA_PREFIX = "base_"  # ConfigStore schemas (trainer/cli/schemas.py) are not choices a user makes
+
+
+class ConfigError(ValueError):
+    """A composed config holds a value the job can't run with; the message is one line
+    naming the key, the value and what is allowed (or, with `value` omitted, what went wrong)."""
+
+    _NO_VALUE: Any = object()
+
+    def __init__(self, key: str, value: Any = _NO_VALUE, expected: str = "", joined: str = ": ") -> None:
+        self.key, self.value, self.expected = key, value, expected
+        text = f"{key}={value!r} {expected}" if value is not self._NO_VALUE else f"{key}{joined}{expected}"
+        super().__init__(" ".join(line.strip() for line in text.splitlines()))  # always one line
+
+
+def constructor_error(group: str, error: Exception) -> ConfigError:
+    """A constructor's error as a one-line ConfigError: a message opening with `name=value` names
+    the key `group.name`; any other is prefixed with `group: `."""
+    message = str(error).rstrip(".")
+    names_an_argument = re.match(r"^\w+=", message) is not None
+    return ConfigError(group, expected=message, joined="." if names_an_argument else ": ")
 
 
 def describe_error(error: BaseException) -> str:
