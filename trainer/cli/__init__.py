@@ -4,7 +4,7 @@ Hydra and OmegaConf stay inside this package: the Trainer, the strategies and th
 import it and never see a `DictConfig`. Its modules, in the order a run meets them:
 
 * `schemas`: the structured configs Hydra checks `conf/` against, and where `conf/` is;
-* `strategy_schema`: a strategy group's schema, read off the strategy's constructor;
+* `signature_schema`: the Trainer's and the strategies' schemas, read off their signatures;
 * `run_dir`: the run directory's name (a Hydra resolver) and path;
 * `checks`: what the types can't express, checked before any worker starts;
 * `errors`: `ConfigError` and one line for every way a composed config can be wrong;

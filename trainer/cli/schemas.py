@@ -3,6 +3,8 @@
 A group file opts into its schema through its defaults list (`- base_trainer`), so Hydra
 type-checks every value and rejects unknown keys while composing: `trainer.max_epochs=abc`
 fails before anything is built. What a type can't express is `trainer.cli.checks`' to check.
+The Trainer's and the strategies' schemas are read off their signatures (signature_schema.py):
+their arguments are written once in code and once, with the CLI's values, in `conf/`.
 """
 
 from __future__ import annotations
@@ -16,41 +18,20 @@ from omegaconf import OmegaConf
 
 from strategies import DDPStrategy, SingleDeviceStrategy
 from trainer.cli.run_dir import run_name
-from trainer.cli.strategy_schema import strategy_schema
+from trainer.cli.signature_schema import signature_schema
+from trainer.trainer import Trainer
+
+
+# What the CLI builds itself and hands to `Trainer(...)` (cli/command.py: build); every other Trainer
+# argument is a `trainer.*` key.
+TRAINER_ARGS_THE_CLI_BUILDS = ("strategy", "callbacks", "logger", "default_root_dir")
+# What a strategy's caller passes (the Trainer, from trainer.accelerator), or Python only.
+STRATEGY_ARGS_NOT_FROM_THE_CLI = ("accelerator", "checkpoint_io")
+
+TrainerConfig = signature_schema(Trainer.__init__, "TrainerConfig", leave_out=TRAINER_ARGS_THE_CLI_BUILDS)
 
 
 # Optional[...] rather than `X | None`: OmegaConf reads these annotations at runtime.
-@dataclass
-class TrainerConfig:
-    """`Trainer(...)` keyword arguments; the CLI adds strategy, callbacks, logger, default_root_dir."""
-
-    accelerator: str = "auto"
-    devices: int = 1
-    num_nodes: int = 1
-    precision: str = "32-true"
-    max_epochs: Optional[int] = None
-    max_steps: int = -1
-    accumulate_grad_batches: int = 1
-    gradient_clip_val: Optional[float] = None
-    gradient_clip_algorithm: str = "norm"
-    val_check_interval: Any = None  # None (once per epoch), a float fraction of an epoch or an int batch count
-    check_val_every_n_epoch: Optional[int] = 1
-    limit_train_batches: Any = 1.0  # float fraction or int count (likewise below)
-    limit_val_batches: Any = 1.0
-    limit_test_batches: Any = 1.0
-    limit_predict_batches: Any = 1.0
-    log_every_n_steps: int = 50
-    enable_progress_bar: bool = True
-    enable_checkpointing: bool = True
-    enable_model_summary: bool = True
-    enable_telemetry: bool = True
-    deterministic: bool = False
-    fast_dev_run: Any = False  # bool or int number of batches
-    num_sanity_val_steps: int = 2  # Lightning's default; 0 turns the check off
-    use_distributed_sampler: bool = True
-    benchmark: Optional[bool] = None
-
-
 @dataclass
 class DigitsDataConfig:
     _target_: str = "trainer.demos.digits.DigitsDataModule"
@@ -134,8 +115,12 @@ class CharGPTConfig:
 
 SCHEMAS: dict[tuple[str, str], type] = {
     ("trainer", "base_trainer"): TrainerConfig,
-    ("strategy", "base_ddp"): strategy_schema(DDPStrategy, "strategies.DDPStrategy"),
-    ("strategy", "base_single"): strategy_schema(SingleDeviceStrategy, "strategies.SingleDeviceStrategy"),
+    ("strategy", "base_ddp"): signature_schema(DDPStrategy.__init__, "DDPStrategyConfig",
+                                               leave_out=STRATEGY_ARGS_NOT_FROM_THE_CLI,
+                                               target="strategies.DDPStrategy"),
+    ("strategy", "base_single"): signature_schema(SingleDeviceStrategy.__init__, "SingleDeviceStrategyConfig",
+                                                  leave_out=STRATEGY_ARGS_NOT_FROM_THE_CLI,
+                                                  target="strategies.SingleDeviceStrategy"),
     ("data", "base_digits"): DigitsDataConfig,
     ("data", "base_synthetic"): SyntheticDataConfig,
     ("data", "base_text"): TextDataConfig,
