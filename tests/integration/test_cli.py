@@ -11,7 +11,7 @@ import itertools
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +21,10 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 
 import trainer
+from strategies import DDPStrategy, SingleDeviceStrategy
+from strategies.checkpoint_io import CheckpointError
 from trainer import Trainer
+from trainer.checkpointing import require_checkpoint_file
 from trainer.cli import command as cli
 from trainer.cli.checks import validate
 from trainer.cli.errors import ConfigError
@@ -125,7 +128,8 @@ def test_group_list_choice_and_data_errors_are_one_line(hydra_context: None) -> 
     (["trainer.max_epochs=-2"], "trainer.max_epochs=-2 must be an int >= -1"),
     (["trainer.limit_train_batches=1.5"], "trainer.limit_train_batches=1.5 must be a float in [0.0, 1.0]"),
     (["trainer.gradient_clip_algorithm=l3"], "trainer.gradient_clip_algorithm='l3' is not one of"),
-    (["strategy=single"], "trainer.devices=2 (x num_nodes=1) must be 1 with strategy=single"),
+    (["strategy=single"], "strategy: SingleDeviceStrategy runs one process on one device, but devices=2 and "
+                          "num_nodes=1 were requested; use strategy='ddp'"),
     (["strategy.comm_hook=fp8"], "strategy.comm_hook='fp8' is not one of ['bf16', 'fp16', 'mean'], None"),
     (["strategy.transport=tcp"], "strategy.transport='tcp' is not one of ['auto', 'shared_memory', 'process_group']"),
     (["strategy.start_method=fork"], "strategy.start_method='fork' is not one of ['forkserver', 'spawn']"),
@@ -155,6 +159,23 @@ def test_the_cli_reports_the_trainers_own_check(hydra_context: None, bad: dict[s
     with pytest.raises((ValueError, TypeError)) as from_trainer:
         Trainer(**bad)  # type: ignore[arg-type]
     assert str(from_cli.value) == "trainer." + str(from_trainer.value).rstrip(".")
+
+
+@pytest.mark.parametrize(("overrides", "home"), [
+    (["strategy=single"], lambda: SingleDeviceStrategy().configure(accelerator="cpu", devices=2, num_nodes=1)),
+    (["strategy.sync_batchnorm=true"], lambda: DDPStrategy(sync_batchnorm=True).configure(accelerator="cpu", devices=2)),
+    (["ckpt_path=/no/such.ckpt"], lambda: require_checkpoint_file("/no/such.ckpt", keywords=("last",))),
+], ids=["one-device-one-process", "sync-batchnorm-needs-cuda", "checkpoint-exists"])
+def test_the_cli_reports_the_rules_own_check(hydra_context: None, overrides: list[str],
+                                             home: Callable[[], None]) -> None:
+    """One home per rule: the strategy's (constructor and `configure`) and the checkpoint check's own
+    message, in one line that starts with the key."""
+    with pytest.raises(ConfigError) as from_cli:
+        validate(compose_cfg(overrides))
+    with pytest.raises((ValueError, CheckpointError)) as from_home:
+        home()
+    message = str(from_home.value).rstrip(".")
+    assert str(from_cli.value) in (f"strategy: {message}", f"strategy.{message}", message)
 
 
 def test_precision_aliases() -> None:

@@ -36,11 +36,15 @@ class ConfigError(ValueError):
 
 
 def constructor_error(group: str, error: Exception) -> ConfigError:
-    """A constructor's error as a one-line ConfigError: a message opening with `name=value` names
-    the key `group.name`; any other is prefixed with `group: `."""
+    """A constructor's (or a check's) error as a one-line ConfigError: a message opening with
+    `name=value` names the key `group.name` (`name` for a top-level key, group ""); any other is
+    prefixed with `group: `."""
     message = str(error).rstrip(".")
-    names_an_argument = re.match(r"^\w+=", message) is not None
-    return ConfigError(group, expected=message, joined="." if names_an_argument else ": ")
+    named = re.match(r"^(\w+)=", message)
+    if named is None:
+        return ConfigError(group, expected=message)
+    key = f"{group}.{named.group(1)}" if group else named.group(1)
+    return ConfigError(key, expected=message[named.end(1):], joined="")
 
 
 def describe_error(error: BaseException) -> str:
