@@ -84,7 +84,7 @@ def test_unreachable_master_address_fails_in_seconds(monkeypatch: pytest.MonkeyP
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("overrides", "message"), [
-    (["ckpt_path=/no/such.ckpt"], "ckpt_path='/no/such.ckpt' is not a file"),
+    (["ckpt_path=/no/such.ckpt"], "ckpt_path='/no/such.ckpt' does not exist"),
     (["data.batch_size=0"], "batch_size=0 must be >= 1"),
     (["trainer.accelerator=cuda"], "no CUDA device is visible") if not torch.cuda.is_available() else
     (["trainer.devices=999", "trainer.accelerator=cuda"], "devices"),

@@ -11,7 +11,7 @@ import itertools
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,8 +20,15 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 
-from trainer import Trainer, cli
-from trainer.config import ConfigError, run_name, validate
+import trainer
+from strategies import DDPStrategy, SingleDeviceStrategy
+from strategies.checkpoint_io import CheckpointError
+from trainer import Trainer
+from trainer.checkpointing import require_checkpoint_file
+from trainer.cli import command as cli
+from trainer.cli.checks import validate
+from trainer.cli.errors import ConfigError
+from trainer.cli.run_dir import run_name
 from trainer.precision import normalize_precision
 
 PRESETS = [
@@ -121,7 +128,8 @@ def test_group_list_choice_and_data_errors_are_one_line(hydra_context: None) -> 
     (["trainer.max_epochs=-2"], "trainer.max_epochs=-2 must be an int >= -1"),
     (["trainer.limit_train_batches=1.5"], "trainer.limit_train_batches=1.5 must be a float in [0.0, 1.0]"),
     (["trainer.gradient_clip_algorithm=l3"], "trainer.gradient_clip_algorithm='l3' is not one of"),
-    (["strategy=single"], "trainer.devices=2 (x num_nodes=1) must be 1 with strategy=single"),
+    (["strategy=single"], "strategy: SingleDeviceStrategy runs one process on one device, but devices=2 and "
+                          "num_nodes=1 were requested; use strategy='ddp'"),
     (["strategy.comm_hook=fp8"], "strategy.comm_hook='fp8' is not one of ['bf16', 'fp16', 'mean'], None"),
     (["strategy.transport=tcp"], "strategy.transport='tcp' is not one of ['auto', 'shared_memory', 'process_group']"),
     (["strategy.start_method=fork"], "strategy.start_method='fork' is not one of ['forkserver', 'spawn']"),
@@ -153,6 +161,23 @@ def test_the_cli_reports_the_trainers_own_check(hydra_context: None, bad: dict[s
     assert str(from_cli.value) == "trainer." + str(from_trainer.value).rstrip(".")
 
 
+@pytest.mark.parametrize(("overrides", "home"), [
+    (["strategy=single"], lambda: SingleDeviceStrategy().configure(accelerator="cpu", devices=2, num_nodes=1)),
+    (["strategy.sync_batchnorm=true"], lambda: DDPStrategy(sync_batchnorm=True).configure(accelerator="cpu", devices=2)),
+    (["ckpt_path=/no/such.ckpt"], lambda: require_checkpoint_file("/no/such.ckpt", keywords=("last",))),
+], ids=["one-device-one-process", "sync-batchnorm-needs-cuda", "checkpoint-exists"])
+def test_the_cli_reports_the_rules_own_check(hydra_context: None, overrides: list[str],
+                                             home: Callable[[], None]) -> None:
+    """One home per rule: the strategy's (constructor and `configure`) and the checkpoint check's own
+    message, in one line that starts with the key."""
+    with pytest.raises(ConfigError) as from_cli:
+        validate(compose_cfg(overrides))
+    with pytest.raises((ValueError, CheckpointError)) as from_home:
+        home()
+    message = str(from_home.value).rstrip(".")
+    assert str(from_cli.value) in (f"strategy: {message}", f"strategy.{message}", message)
+
+
 def test_precision_aliases() -> None:
     assert [normalize_precision(v) for v in (32, "64", 16, "bf16", "bf16-mixed")] == [
         "32-true", "64-true", "16-mixed", "bf16-mixed", "bf16-mixed"]
@@ -182,7 +207,7 @@ def test_external_launch_shares_one_directory(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_config_dir_is_shipped_in_the_package() -> None:
-    packaged = Path(cli.__file__).parent / "conf" / "config.yaml"
+    packaged = Path(trainer.__file__).parent / "conf" / "config.yaml"
     assert Path(cli.config_dir(), "config.yaml").is_file()
     assert packaged.is_file(), "trainer/conf must exist (a link to conf/ in a checkout) so wheels ship it"
 

@@ -2,7 +2,8 @@
 
 Hydra and OmegaConf report bad overrides as multi-line messages with search paths and
 object types; a user needs the key, the value and the choices. `describe_error` extracts
-those from the exception's attributes (not by parsing its text where it can avoid it).
+those from the exception's attributes (not by parsing its text where it can avoid it);
+`ConfigError` is the CLI's own such line, raised by its checks and its constructors' wrapper.
 """
 
 from __future__ import annotations
@@ -17,9 +18,33 @@ from hydra.errors import InstantiationException, MissingConfigException, Overrid
 from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from trainer.config import config_dir
+from trainer.cli.schemas import config_dir
 
-SCHEMA_PREFIX = "base_"  # ConfigStore schemas (trainer/config.py) are not choices a user makes
+SCHEMA_PREFIX = "base_"  # ConfigStore schemas (trainer/cli/schemas.py) are not choices a user makes
+
+
+class ConfigError(ValueError):
+    """A composed config holds a value the job can't run with; the message is one line
+    naming the key, the value and what is allowed (or, with `value` omitted, what went wrong)."""
+
+    _NO_VALUE: Any = object()
+
+    def __init__(self, key: str, value: Any = _NO_VALUE, expected: str = "", joined: str = ": ") -> None:
+        self.key, self.value, self.expected = key, value, expected
+        text = f"{key}={value!r} {expected}" if value is not self._NO_VALUE else f"{key}{joined}{expected}"
+        super().__init__(" ".join(line.strip() for line in text.splitlines()))  # always one line
+
+
+def constructor_error(group: str, error: Exception) -> ConfigError:
+    """A constructor's (or a check's) error as a one-line ConfigError: a message opening with
+    `name=value` names the key `group.name` (`name` for a top-level key, group ""); any other is
+    prefixed with `group: `."""
+    message = str(error).rstrip(".")
+    named = re.match(r"^(\w+)=", message)
+    if named is None:
+        return ConfigError(group, expected=message)
+    key = f"{group}.{named.group(1)}" if group else named.group(1)
+    return ConfigError(key, expected=message[named.end(1):], joined="")
 
 
 def describe_error(error: BaseException) -> str:

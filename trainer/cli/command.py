@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 import hydra
-from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException, InstantiationException
 from hydra.experimental.callback import Callback
 from hydra.utils import instantiate
@@ -26,10 +25,12 @@ from omegaconf.errors import OmegaConfBaseException
 
 from strategies.environment import detect_environment, processes_launched_externally
 from trainer import Trainer, seed_everything
-from trainer.cli_errors import describe_error
 from strategies.launcher import WorkerFailedError
 from strategies.preemption import PREEMPTED_EXIT_CODE, Preempted
-from trainer.config import ConfigError, config_dir, validate
+from trainer.cli.checks import validate
+from trainer.cli.errors import ConfigError, describe_error
+from trainer.cli.run_dir import output_dir
+from trainer.cli.schemas import config_dir
 from trainer.loggers import TensorBoardLogger
 
 PROG = "ddp-train"
@@ -170,12 +171,6 @@ def _call(key: str, build_fn: Callable[[], Any], unfilled: list[str] | None = No
             message += f" ({key}.{missing[0]} is null and the datamodule has no `{missing[0]}` to fill it)"
         # Chained, so HYDRA_FULL_ERROR=1 still shows the constructor's own traceback.
         raise ConfigError(key, expected=message) from error
-
-
-def output_dir(cfg: DictConfig) -> str:
-    """The run's directory: Hydra's output dir (`paths.output_dir` may redirect it)."""
-    configured = OmegaConf.select(cfg, "paths.output_dir", default=None)
-    return str(configured) if configured else HydraConfig.get().runtime.output_dir
 
 
 def summary(trainer: Trainer, run_dir: str, seconds: float) -> str:
