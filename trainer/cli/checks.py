@@ -13,9 +13,10 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from strategies import Strategy, resolve_strategy
+from strategies import Strategy
 from strategies.base import resolve_accelerator
 from strategies.checkpoint_io import CheckpointError
+from trainer.assembly import build_strategy
 from trainer.checkpointing import require_checkpoint_file
 from trainer.cli.errors import ConfigError, constructor_error
 from trainer.trainer import Trainer
@@ -79,10 +80,8 @@ def _check_strategy(strategy: Any, trainer_args: dict[str, Any]) -> None:
     built = _build_to_check(strategy)
     if not isinstance(built, Strategy):
         return
-    accelerator, devices, num_nodes = trainer_args["accelerator"], trainer_args["devices"], trainer_args["num_nodes"]
     try:
-        resolve_strategy(built, devices, num_nodes, sync_batchnorm=trainer_args["sync_batchnorm"]).configure(
-            accelerator=None if accelerator == "auto" else accelerator, devices=int(devices), num_nodes=int(num_nodes))
+        build_strategy({**trainer_args, "strategy": built})  # exactly as Trainer(...) builds it
     except (ValueError, TypeError, RuntimeError) as error:
         raise constructor_error("strategy", error) from error
 
