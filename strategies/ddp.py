@@ -22,7 +22,7 @@ from typing_extensions import override
 
 from strategies import process_group
 from strategies.autotune import AUTO, CapTuning, reducer_summary
-from strategies.base import Strategy, check_accelerator, check_group, resolve_reduce_op
+from strategies.base import BackwardPass, Strategy, check_accelerator, check_group, resolve_reduce_op
 from strategies.checkpoint_io import CheckpointIO
 from strategies.hang_guard import LEDGER, HangGuard
 from strategies.environment import (ClusterEnvironment, check_launch_matches, detect_environment,
@@ -254,11 +254,7 @@ class DDPStrategy(Strategy):
 
     # ------------------------------------------------------------------ gradients
     @override
-    def backward(self, loss: torch.Tensor, run: Callable[[torch.Tensor], Any] | None = None,
-                 *args: Any, **kwargs: Any) -> None:
-        if self.hands_backward_to_trainer(run):
-            self.outside_backward(loss, *args, **kwargs)  # type: ignore[misc]
-            return
+    def backward(self, loss: torch.Tensor, run: BackwardPass | None = None) -> None:
         reducer = self._require_reducer("backward")
         reducer.prepare_for_backward(loss)
         (run or torch.Tensor.backward)(loss)
