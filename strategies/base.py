@@ -40,6 +40,7 @@ from strategies.hang_guard import LEDGER
 from strategies.preemption import PreemptionPolicy, PreemptionWatch, next_fit_key
 
 ReduceOp = Literal["mean", "sum", "max", "min"]
+BackwardPass = Callable[[torch.Tensor], object]  # runs one backward pass of a loss (the module's `backward` hook)
 _REDUCE_OP_NAMES = {"mean": "mean", "avg": "mean", "sum": "sum", "max": "max", "min": "min"}
 
 
@@ -214,25 +215,12 @@ class Strategy(abc.ABC):
         return None
 
     # ------------------------------------------------------------------ gradients
-    #: Set by the Trainer while it runs: how a backward requested from outside its loop runs (Lightning's
-    #: own `LightningModule.manual_backward` calls `strategy.backward(loss, optimizer, *args, **kwargs)`),
-    #: so the Trainer's hooks surround it as they surround its own. None: a plain synchronised backward.
-    outside_backward: Callable[..., None] | None = None
-
-    def backward(self, loss: torch.Tensor, run: Callable[[torch.Tensor], Any] | None = None,
-                 *args: Any, **kwargs: Any) -> None:
-        """Backpropagate; when this returns, gradients are synchronised (unless in `no_sync`).
-        `run` performs the backward pass itself (the module's `backward` hook); default
-        `loss.backward()`. Called Lightning's way (no `run`), it goes to `outside_backward`."""
-        if self.hands_backward_to_trainer(run):
-            self.outside_backward(loss, *args, **kwargs)  # type: ignore[misc]
-            return
+    def backward(self, loss: torch.Tensor, run: BackwardPass | None = None) -> None:
+        """Backpropagate `loss`; when this returns, gradients are synchronised (unless in `no_sync`).
+        `run` performs the pass itself (the Trainer passes the module's `backward` hook, which its own
+        hooks surround); default `loss.backward()`. A distributed strategy prepares its gradient sync
+        before the pass and finishes it after: one route, whoever asked for the backward."""
         (run or torch.Tensor.backward)(loss)
-
-    def hands_backward_to_trainer(self, run: Any) -> bool:
-        """A backward without `run` (Lightning's calling convention puts an optimizer or None there)
-        comes from outside the Trainer's loop; the Trainer, when it set `outside_backward`, runs it."""
-        return not callable(run) and self.outside_backward is not None
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:

@@ -20,15 +20,14 @@ from torch import nn
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
-from strategies import process_group
+from strategies import collectives, process_group
 from strategies.autotune import AUTO, CapTuning, reducer_summary
-from strategies.base import Strategy, check_accelerator, check_group, resolve_reduce_op
+from strategies.base import BackwardPass, Strategy, check_accelerator, check_group, resolve_reduce_op
 from strategies.checkpoint_io import CheckpointIO
-from strategies.hang_guard import LEDGER, HangGuard
 from strategies.environment import (ClusterEnvironment, check_launch_matches, detect_environment,
                                     processes_launched_externally, processes_outlive_stages)
+from strategies.hang_guard import HangGuard
 from strategies.preemption import PreemptionPolicy
-from strategies.rank_zero import rank_prefixed_message
 from strategies.reducer_options import ReducerOptions, check_bool, check_positive_number, option_property
 from strategies.replicas import broadcast_tensors, check_same_parameters
 from strategies.sampler import distribute_dataloader
@@ -38,8 +37,6 @@ if TYPE_CHECKING:
 
 START_METHODS = ("forkserver", "spawn")  # how local workers start (strategies/launcher.py)
 DEBUG_COLLECTIVES_VARIABLE = "DDP_TRAINER_DEBUG_COLLECTIVES"  # =1: debug_collectives for any run
-_REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
-               "min": dist.ReduceOp.MIN}
 
 
 class DDPStrategy(Strategy):
@@ -254,11 +251,7 @@ class DDPStrategy(Strategy):
 
     # ------------------------------------------------------------------ gradients
     @override
-    def backward(self, loss: torch.Tensor, run: Callable[[torch.Tensor], Any] | None = None,
-                 *args: Any, **kwargs: Any) -> None:
-        if self.hands_backward_to_trainer(run):
-            self.outside_backward(loss, *args, **kwargs)  # type: ignore[misc]
-            return
+    def backward(self, loss: torch.Tensor, run: BackwardPass | None = None) -> None:
         reducer = self._require_reducer("backward")
         reducer.prepare_for_backward(loss)
         (run or torch.Tensor.backward)(loss)
@@ -277,59 +270,20 @@ class DDPStrategy(Strategy):
         op = resolve_reduce_op(reduce_op)
         if not isinstance(tensor, torch.Tensor):
             return tensor
-        if not dist.is_initialized():
-            return tensor.clone()
-        result = tensor.detach().clone().to(self.root_device)
-        if op == "mean" and not (result.is_floating_point() or result.is_complex()):
-            result = result.double()  # the mean of integers is not an integer
-        with LEDGER.collective(f"all_reduce({op})", result):
-            dist.all_reduce(result, op=_REDUCE_OPS[op], group=group)
-        if op == "mean":
-            result /= dist.get_world_size(group)
-        return result.to(tensor.device)
+        return collectives.all_reduce(tensor, op, self.root_device, group)
 
     @override
     def all_gather(self, tensor: torch.Tensor, group: Any = None, sync_grads: bool = False) -> torch.Tensor:
         check_group(group)
-        if not dist.is_initialized():
-            return tensor
-        local = tensor.contiguous().to(self.root_device)
-        shapes: list[Any] = [None] * dist.get_world_size(group)
-        with LEDGER.collective("all_gather(shapes)"):  # a shape mismatch would corrupt or hang the gather
-            dist.all_gather_object(shapes, tuple(local.shape), group=group)
-        if len(set(shapes)) > 1:
-            raise ValueError(rank_prefixed_message(
-                f"all_gather needs the same shape on every rank, got {dict(enumerate(shapes))}; "
-                f"pad the tensors to a common shape first.", self.global_rank))
-        with LEDGER.collective("all_gather", local):
-            if sync_grads:  # the autograd-aware gather: each rank's gradient flows back to its own input
-                from torch.distributed.nn.functional import all_gather as differentiable_all_gather
-
-                gathered = list(differentiable_all_gather(local, group=group or dist.group.WORLD))
-            else:
-                local = local.detach()
-                gathered = [torch.empty_like(local) for _ in shapes]
-                dist.all_gather(gathered, local, group=group)
-        return torch.stack(gathered).to(tensor.device)
+        return collectives.all_gather(tensor, self.root_device, group, sync_grads)
 
     @override
     def broadcast(self, obj: Any, src: int = 0) -> Any:
-        if not dist.is_initialized():
-            return obj
-        holder = [obj]
-        with LEDGER.collective(f"broadcast(object, src={src})"):
-            dist.broadcast_object_list(holder, src=src)
-        return holder[0]
+        return collectives.broadcast_object(obj, src)
 
     @override
     def barrier(self, name: str | None = None) -> None:
-        if not dist.is_initialized():
-            return
-        with LEDGER.collective(f"barrier({name})" if name else "barrier"):
-            if dist.get_backend() == "nccl":
-                dist.barrier(device_ids=[self.root_device.index or 0])
-            else:
-                dist.barrier()
+        collectives.barrier(self.root_device, name)
 
     @override
     def gradient_buffers(self, grads: list[torch.Tensor]) -> list[torch.Tensor] | None:

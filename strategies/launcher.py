@@ -41,7 +41,8 @@ from strategies.hang_guard import LEDGER
 from strategies.notice_signals import replace_handlers
 from strategies.preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionPolicy
 from strategies.worker import cpu_threads_per_rank, exiting, finish
-from strategies.worker_pool import WorkerFailedError, WorkerPool
+from strategies.worker_failure import WorkerFailedError
+from strategies.worker_pool import WorkerPool
 
 if TYPE_CHECKING:
     from strategies.base import Strategy

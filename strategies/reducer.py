@@ -16,7 +16,8 @@ Life of one synchronised backward pass:
    so this rank still issues the collectives its peers are waiting for.
 
 After the first synchronised pass the buckets are rebuilt once, in the order gradients
-actually became ready on rank 0 (broadcast, so every rank builds the same buckets).
+actually became ready on rank 0 (broadcast, so every rank builds the same buckets): that order
+is kept by strategies/bucket_order.py.
 `replan(bucket_cap_mb)` changes the bucket size between passes and `after_sync` is called at
 the end of each pass with its times: `bucket_cap_mb="auto"` (strategies/autotune.py) uses
 both. Step timing lives in strategies/telemetry.py.
@@ -34,7 +35,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from strategies.buckets import BucketLayout, plan_buckets_in_order, trainable_parameters
+from strategies.bucket_order import BucketOrder
+from strategies.buckets import BucketLayout, trainable_parameters
 from strategies.comm_hooks import CommHook, CommHookState, accepts_prescaled, resolve_comm_hook
 from strategies.graph import launch_used_map, reachable_parameter_ids
 from strategies.hang_guard import LEDGER
@@ -68,19 +70,18 @@ class GradReducer:
         self._state = CommHookState.connect(process_group, self._params, transport=transport, timeout=timeout,
                                             prescale=accepts_prescaled(self._hook))
         self.process_group, self.world_size = process_group, self._state.world_size
-        self._cap_mb, self._first_cap_mb = float(bucket_cap_mb), first_bucket_cap_mb
         self._as_view, self._find_unused = gradient_as_bucket_view, find_unused_parameters
         self.require_backward_grad_sync = True  # False inside `no_sync()`, torch DDP's name
-        self._rebuilt = self._removed = self._finalized_since_mark = False
+        self._removed = self._finalized_since_mark = False
         self._lock = threading.Lock()  # hooks of params on different devices run on different threads
         self.completed_syncs = 0  # synchronised backward passes so far: every rank met in each
         # Called on every rank after each synchronised pass, between passes (it may replan or issue
         # collectives, as every rank reaches it at the same pass): bucket_cap_mb="auto" lives there.
         self.after_sync: Callable[[StepTimes], None] | None = None
         self._telemetry = ReducerTelemetry()
-        # The readiness order plans follow: reverse registration at first, rank 0's observed one after the rebuild.
-        self._order = list(reversed(range(len(self._params))))
-        self._install_buckets(self.plan_for(self._cap_mb))  # validates the caps
+        self._bucket_order = BucketOrder(self._params, bucket_cap_mb, first_bucket_cap_mb, process_group,
+                                         self.world_size)
+        self._install_buckets(self._bucket_order.plan())  # validates the caps
         self._handles = [param.register_post_accumulate_grad_hook(self._make_hook(index))
                          for index, param in enumerate(self._params)]
 
@@ -130,9 +131,9 @@ class GradReducer:
             "world_size": self.world_size,
             "comm_hook": getattr(self._hook, "__name__", repr(self._hook)),
             "transport": "shared_memory" if self._state.shared_memory is not None else "process_group",
-            "bucket_cap_mb": self._cap_mb,
+            "bucket_cap_mb": self._bucket_order.cap_mb,
             **self._layout.summary(),
-            "rebuilt": self._rebuilt,
+            "rebuilt": self._bucket_order.rebuilt,
             **self._telemetry.summary(),
         }
 
@@ -147,12 +148,11 @@ class GradReducer:
     @property
     def bucket_cap_mb(self) -> float:
         """The cap the current buckets were planned with (or, before the rebuild, will be)."""
-        return self._cap_mb
+        return self._bucket_order.cap_mb
 
     def plan_for(self, bucket_cap_mb: float) -> list[list[int]]:
         """The buckets this cap gives in the current readiness order (caps that give the same are one)."""
-        return plan_buckets_in_order(self._params, self._order, bucket_cap_mb=bucket_cap_mb,
-                                     first_bucket_cap_mb=self._first_cap_mb)
+        return self._bucket_order.plan_for(bucket_cap_mb)
 
     def replan(self, bucket_cap_mb: float) -> None:
         """Use buckets of another cap from the next pass on: now if the readiness order is known, else
@@ -160,8 +160,9 @@ class GradReducer:
         if self._pass_active:
             raise RuntimeError("replan() was called during a backward pass; call it between steps.")
         plan = self.plan_for(float(bucket_cap_mb))  # validates the cap
-        changed, self._cap_mb = float(bucket_cap_mb) != self._cap_mb, float(bucket_cap_mb)
-        if changed and self._rebuilt:
+        order = self._bucket_order
+        changed, order.cap_mb = float(bucket_cap_mb) != order.cap_mb, float(bucket_cap_mb)
+        if changed and order.rebuilt:
             self._move_to(plan)
 
     def remove(self) -> None:
@@ -185,20 +186,6 @@ class GradReducer:
         self._install_buckets(plan)
         if self._as_view:
             self._layout.take_grads(self._params)
-
-    def _rebuild(self) -> None:
-        """Re-plan once in rank 0's observed readiness order, so buckets fill (and launch) sooner."""
-        seen = set(self._ready_order)
-        order = self._ready_order + [i for indexes in self._layout.plan for i in indexes if i not in seen]
-        if self.world_size > 1:
-            box: list[Any] = [order]
-            src = 0 if self.process_group is None else dist.get_global_rank(self.process_group, 0)
-            LEDGER.begin("broadcast(bucket order)")
-            dist.broadcast_object_list(box, src=src, group=self.process_group)
-            order = box[0]
-        self._order = order
-        self._rebuilt = True
-        self._move_to(self.plan_for(self._cap_mb))
 
     # ------------------------------------------------------------------ one backward pass
     def _reset_pass(self) -> None:
@@ -293,8 +280,8 @@ class GradReducer:
             step = self._telemetry.end_step()
             self._layout.write_back(self._params, results, used, as_view=self._as_view)
             self.completed_syncs += 1
-            if not self._rebuilt:
-                self._rebuild()
+            if not self._bucket_order.rebuilt:  # re-plan once, in rank 0's observed readiness order
+                self._move_to(self._bucket_order.rebuild(self._ready_order, self._layout.plan))
             self._reset_pass()
             if self.after_sync is not None:
                 self.after_sync(step)

@@ -4,6 +4,11 @@ Lightning's own module routes `self.log`, `self.optimizers()` and `self.manual_b
 its trainer's private connectors. For such a module we bind our implementations of exactly
 those methods on the instance for the duration of a run, and remove them afterwards (so the
 module pickles and behaves as before). Our own `LightningModule` needs none of this.
+
+`manual_backward` is one of them because Lightning's would call `trainer.strategy.backward(loss,
+None, ...)`, expecting the strategy to run the trainer's side of a backward (precision scaling,
+`on_before_backward`/`on_after_backward`). Our strategies only run the pass and its gradient sync,
+so the module calls the Trainer's backward directly, the one its automatic optimization uses.
 """
 
 from __future__ import annotations
@@ -24,13 +29,12 @@ if TYPE_CHECKING:
 _LIGHTNING_RANK_MODULE = "lightning_utilities.core.rank_zero"  # shared by both Lightning packages
 
 # Methods of Lightning's module that reach into its trainer's internals; ours replace them.
-# (Its `manual_backward` needs no replacement: it calls `trainer.strategy.backward(loss, None, ...)`,
-# which our strategies hand to the Trainer's `outside_backward`.)
 _BOUND_API: dict[str, Callable[..., Any]] = {
     "log": module_api.log,
     "log_dict": module_api.log_dict,
     "optimizers": module_api.optimizers,
     "lr_schedulers": module_api.lr_schedulers,
+    "manual_backward": module_api.manual_backward,
     "clip_gradients": module_api.clip_gradients,
     "toggle_optimizer": module_api.toggle_optimizer,
     "untoggle_optimizer": module_api.untoggle_optimizer,

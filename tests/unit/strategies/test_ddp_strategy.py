@@ -17,7 +17,7 @@ from torch import nn
 
 from strategies import DDPStrategy, SingleDeviceStrategy, Strategy, resolve_strategy
 from strategies.launcher import WorkerFailedError
-from strategies.worker_pool import first_failure
+from strategies.worker_failure import first_failure
 from tests.helpers.spawn import free_port
 
 

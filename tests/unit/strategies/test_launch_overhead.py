@@ -1,4 +1,4 @@
-"""Launch-cost pieces of strategies/launcher.py and worker_pool.py, checked without starting
+"""Launch-cost pieces of strategies/launcher.py and worker_start.py, checked without starting
 workers: the work travels as a file (private tensors, by value where it must), and workers
 start from a forkserver the pool owns, or are spawned where forking them is not safe."""
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from strategies import DDPStrategy, launcher, worker_pool
+from strategies import DDPStrategy, launcher, worker_start
 from strategies.worker import load_work
 
 
@@ -65,7 +65,7 @@ def test_what_cannot_be_pickled_is_named(tmp_path: Path) -> None:
 
 
 def test_the_pool_owns_its_forkserver() -> None:
-    with worker_pool._worker_start_method("forkserver", 2) as method:
+    with worker_start.worker_start_method("forkserver", 2) as method:
         assert method == "forkserver" and forkserver._forkserver._forkserver_pid is not None
     assert forkserver._forkserver._forkserver_pid is None  # stopped with the pool
 
@@ -76,8 +76,8 @@ def test_workers_are_spawned_where_forking_them_is_not_safe(reason: str, monkeyp
     if reason == "numpy 1":
         monkeypatch.setattr(sys.modules["numpy"], "__version__", "1.26.4")
     else:
-        monkeypatch.setattr(worker_pool, "_MOST_FORKED_WORKERS", 1)
-    with worker_pool._worker_start_method("forkserver", 2) as method:
+        monkeypatch.setattr(worker_start, "_MOST_FORKED_WORKERS", 1)
+    with worker_start.worker_start_method("forkserver", 2) as method:
         assert method == "spawn"
 
 
@@ -86,7 +86,7 @@ def test_a_forkserver_someone_else_started_is_not_borrowed() -> None:
     forkserver.ensure_running()
     theirs = forkserver._forkserver._forkserver_pid
     try:
-        with worker_pool._worker_start_method("forkserver", 2) as method:
+        with worker_start.worker_start_method("forkserver", 2) as method:
             assert method == "spawn"
         assert forkserver._forkserver._forkserver_pid == theirs  # left running for its owner
     finally:

@@ -1,0 +1,88 @@
+"""Naming a failed stage: which worker failed first, and how (a Python error, a signal, an exit).
+
+When one rank fails, its peers fail a moment later in the collective it left: the root cause is
+the earliest failure, which the workers stamp into the pool's failures folder with a precise time
+(strategies/hang_guard.py writes the stamps). This module reads the stamps and the exit codes and
+turns them into the one `WorkerFailedError` the launching process raises.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+from strategies.rank_zero import rank_prefixed_message
+
+# For a worker whose pipe closed: how long until its exit code is known.
+EXIT_CODE_WAIT_S = 2
+# How a collective's error reads when a peer went away (gloo, NCCL): rank 0 then waits for the death.
+_PEER_GONE_WORDS = ("connection", "closed", "reset by peer", "gloo", "nccl", "broken pipe")
+
+
+class WorkerFailedError(RuntimeError):
+    """A worker raised or died; `rank` is the first rank that failed, `traceback` its traceback
+    (None when it was killed by a signal), `exitcode` its exit status."""
+
+    def __init__(self, rank: int, message: str, traceback: str | None = None, exitcode: int | None = None) -> None:
+        super().__init__(rank_prefixed_message(message, rank))
+        self.rank, self.traceback, self.exitcode = rank, traceback, exitcode
+
+
+class StageInterrupted(BaseException):
+    """Raised inside the launching process's stage when a worker failed meanwhile (a BaseException,
+    so a user's `except Exception` in a step cannot swallow it); `WorkerPool.run` replaces it with the
+    worker's `WorkerFailedError`."""
+
+
+def failed_exit_codes(processes: list[Any]) -> dict[int, int]:
+    """Workers (global ranks 1..) that ended on their own with a non-zero code, by rank: their codes say why."""
+    codes = {rank: process.exitcode for rank, process in enumerate(processes, start=1)}
+    return {rank: code for rank, code in codes.items() if code is not None and code != 0}
+
+
+def peer_connection_error(error: BaseException) -> bool:
+    """Whether `error` is how a collective reports a peer that went away (gloo: the connection
+    closed or was reset; NCCL: the communicator was aborted)."""
+    if isinstance(error, (StageInterrupted, ConnectionError)):
+        return True
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and any(word in text for word in _PEER_GONE_WORDS)
+
+
+def first_failure(exit_codes: dict[int, int], failures_dir: Path) -> WorkerFailedError:
+    """Pick the root cause among the workers that ended on their own (`exit_codes`, by rank): a
+    rank killed by a signal, else the earliest Python failure stamped in `failures_dir`."""
+    stamps = {int(path.stem): json.loads(path.read_text()) for path in failures_dir.glob("*.json")}
+    for rank, code in sorted(exit_codes.items()):
+        if code < 0 and rank not in stamps:
+            return _killed_by_signal(rank, code, failures_dir)
+    if stamps:
+        rank = min(stamps, key=lambda r: stamps[r]["time_ns"])
+        text = stamps[rank]["traceback"].rstrip()
+        last_line = text.splitlines()[-1] if text else "unknown error"
+        details = f"\n{text}" if "\n" in text else ""  # a one-line verdict (the hang guard's) is said once
+        return WorkerFailedError(rank, f"worker failed: {last_line}{details}", traceback=text,
+                                 exitcode=exit_codes.get(rank))
+    rank, code = min(exit_codes.items()) if exit_codes else (0, 0)
+    return WorkerFailedError(rank, f"worker exited with code {code} in the middle of a stage without raising; its "
+                             f"stderr above shows why. A script that launches must guard its entry point with "
+                             f"`if __name__ == \"__main__\":` (spawn re-imports it).", exitcode=code)
+
+
+def _killed_by_signal(rank: int, code: int, failures_dir: Path) -> WorkerFailedError:
+    """A rank that died without raising: say how, and where its Python code was when it did."""
+    if code == -signal.SIGABRT:
+        cause = ("the C++ runtime aborted it; gloo does this when ranks issue different collectives (its message "
+                 "above says 'collective mismatch': e.g. self.log(..., sync_dist=True) on one rank only). Rerun "
+                 "with DDPStrategy(debug_collectives=True) (strategy.debug_collectives=true) to name the first "
+                 "collective that differs and its call site on every rank.")
+    else:
+        cause = "a kill by the OOM killer or an outside `kill` looks like this."
+    fault = Path(failures_dir, f"{rank}.fault")
+    stack = fault.read_text().strip() if fault.exists() else ""
+    where = f"\nIts Python stack when it died:\n{stack}" if stack else ""
+    name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else f"signal {-code}"
+    return WorkerFailedError(rank, f"worker was killed by signal {-code} ({name}) before it could raise; "
+                             f"{cause}{where}", exitcode=code)
