@@ -31,7 +31,6 @@ from trainer.loops.metric_writes import write_logger_metrics
 from trainer.loops.prediction_run import PredictionRun
 from trainer.loops.resume import ResumePoint
 from trainer.loops.preemption import default_resume_candidates, discard_if_consumed, preemption_checkpoint_path
-from trainer.loops.training_step import backward
 from trainer.module_adapter import align_lightning_rank, attach, automatic_optimization, check_module, unbind_api
 from trainer.optimizers import ManualOptimizer, NoOptimizer, check_schedulers, init_optimizers
 from trainer.profiler import is_profiling
@@ -76,7 +75,6 @@ def run_stage(trainer: Trainer, stage: str, model: nn.Module, data: dict[str, An
         raise
     finally:
         unbind_api(model)
-        trainer.strategy.outside_backward = None  # it holds this run's module (and could not be pickled)
         trainer.callback_list.take_back_logging()
         if trainer.datamodule is not None:
             trainer.datamodule.trainer = None
@@ -138,7 +136,6 @@ def _run(trainer: Trainer, stage: str, model: nn.Module, data: dict[str, Any]) -
     module = strategy.setup_module(trainer.precision_plugin.convert_module(model), for_training=stage == "fit")
     trainer.lightning_module = module
     callbacks.lend_logging(module)
-    strategy.outside_backward = lambda loss, *args, **kwargs: backward(trainer, module, loss, *args, **kwargs)
     with compiled_steps(strategy.unwrap(module), strategy):
         output = _run_entry(trainer, module, stage, data)
     if trainer.datamodule is not None:  # Lightning: the DataModule first, then callbacks, then the module
