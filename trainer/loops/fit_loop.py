@@ -208,6 +208,10 @@ def _run_epoch(trainer: Trainer, module: nn.Module, train_loader: Any, batches: 
             and _should_validate(trainer, last_idx, module, epoch_ended=True):
         run_evaluation(trainer, module, trainer.data.loaders.get("validate", []), "validate")
     run.nonfinite_watch.check(trainer)
+    # The epoch's aggregates are published three times, each for a reader of them: before the callbacks'
+    # on_train_epoch_end (they read what the steps logged), again between the module's own hook and the
+    # monitoring callbacks (the module may log there; checkpointing and early stopping must see it), and
+    # once more after them (a callback may have logged last).
     store.compute_epoch("train")
     callbacks.call_epoch_end("on_train_epoch_end", trainer, module,
                              before_monitoring=lambda: store.compute_epoch("train"))

@@ -8,17 +8,10 @@ import time
 from typing import TYPE_CHECKING
 
 from strategies.rank_zero import rank_zero_info, rank_zero_warn
+from trainer.data_sources import INFINITE, unlimited_if_negative
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
-
-INFINITE = float("inf")
-
-
-def unlimited_if_negative(count: int) -> int | float:
-    """Lightning's counts: a negative count (a loader without a length, `max_steps=-1`) is unbounded."""
-    return INFINITE if count < 0 else count
-
 
 def validates_in_epoch(trainer: Trainer) -> bool:
     """Whether validation runs in the current training epoch (check_val_every_n_epoch)."""
