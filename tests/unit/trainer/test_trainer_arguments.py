@@ -206,3 +206,15 @@ def test_val_check_batch_is_lightnings(tmp_path: Path, interval: Any) -> None:
         trainer.fit(BoringModel())
         seen.append(trainer.val_check_batch)
     assert seen[1] == seen[0] == {0.25: 2, 3: 3, 1.0: 10}[interval]
+
+
+def test_every_argument_is_kept_as_a_typed_attribute_or_builds_a_part() -> None:
+    """A new Trainer argument must be declared: kept (a class annotation, read by loops and callbacks) or
+    turned into a part (`_BUILT_FROM`); `devices` is kept as `num_devices`."""
+    from trainer.trainer import _BUILT_FROM
+
+    arguments = {name for name in inspect.signature(Trainer).parameters}
+    kept = set(inspect.get_annotations(Trainer)) - {"num_devices"}
+    assert arguments - set(_BUILT_FROM) == kept and set(_BUILT_FROM) <= arguments
+    trainer = Trainer(devices=1)
+    assert all(hasattr(trainer, name) for name in kept) and trainer.num_devices == 1
