@@ -120,11 +120,16 @@ class SessionHooks:
             trainer.should_stop = True
 
 
+# What both Trainers run without: their figures are the training loop's (benchmarks/step_overhead.py
+# --gpu-settings prices the same loop on the CPU).
+QUIET_TRAINER: dict[str, Any] = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False,
+                                 "enable_model_summary": False, "num_sanity_val_steps": 0}
+
+
 def _trainer_arguments(device: torch.device, precision: str, session: Session, hooks: type) -> dict[str, Any]:
     """What both Trainers get: one device, DDP, no logger, checkpoints, progress bar or summary."""
     return {"accelerator": device.type, "devices": 1, "precision": precision, "max_steps": 10**9,
-            "callbacks": [hooks(session)], "logger": False, "enable_checkpointing": False,
-            "enable_progress_bar": False, "enable_model_summary": False, "num_sanity_val_steps": 0}
+            "callbacks": [hooks(session)], **QUIET_TRAINER}
 
 
 def _fit(trainer: Any, module: torch.nn.Module, work: GpuWorkload, device: torch.device, compiled: bool) -> None:
