@@ -25,9 +25,10 @@ from typing import Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-# Ops that allocate or alias without launching a kernel (views are recognised from their schema).
+# Ops that allocate, alias or annotate without launching a kernel (views are recognised from their schema).
 NO_LAUNCH = frozenset({"detach", "alias", "lift_fresh", "_unsafe_view", "empty", "empty_like", "empty_strided",
-                       "new_empty", "new_empty_strided", "set_", "resize_", "promote_types"})
+                       "new_empty", "new_empty_strided", "set_", "resize_", "promote_types",
+                       "_record_function_enter", "_record_function_enter_new", "_record_function_exit"})
 HOST_ONLY = "data loading (host-side collate)"
 
 # (path fragment, function name or None for any, label): the innermost frame matching one names the source.
