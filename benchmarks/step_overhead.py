@@ -61,7 +61,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
-from benchmarks.gpu.loops import QUIET_TRAINER
+from benchmarks.gpu.loops import QUIET_TRAINER, compiled_module
 from benchmarks.op_count import CountWindow, OpCounter, format_counts, per_step
 from benchmarks.workloads import WORKLOADS, loss_fn
 from trainer import LightningModule, Trainer
@@ -188,7 +188,7 @@ def run_ours(case: Case, compile_: bool, steps: int, warmup: int, window: StepWi
     with tempfile.TemporaryDirectory() as root, _quiet():
         trainer = Trainer(accelerator="cpu", devices=1, max_epochs=1, default_root_dir=root,
                           log_every_n_steps=LOG_EVERY, **trainer_args)
-        trainer.fit(torch.compile(module) if compile_ else module, case.loader(steps))
+        trainer.fit(compiled_module(module) if compile_ else module, case.loader(steps))
     return _per_step(module.stamps, warmup)
 
 
@@ -203,7 +203,7 @@ def run_raw(case: Case, compile_: bool, steps: int, warmup: int, torch_ddp: bool
     model.train()
     with one_process_group() if torch_ddp else contextlib.nullcontext():
         step_model: nn.Module = DistributedDataParallel(model) if torch_ddp else model
-        step_model = torch.compile(step_model) if compile_ else step_model
+        step_model = compiled_module(step_model) if compile_ else step_model
         _raw_loop(case, step_model, optimizer, steps, stamps, window)
     return _per_step(stamps, warmup)
 
