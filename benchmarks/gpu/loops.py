@@ -33,7 +33,7 @@ def autocast(precision: str, device: torch.device) -> contextlib.AbstractContext
     return contextlib.nullcontext()
 
 
-def _compiled(model: torch.nn.Module) -> torch.nn.Module:
+def compiled_module(model: torch.nn.Module) -> torch.nn.Module:
     compiled: torch.nn.Module = torch.compile(model)  # type: ignore[assignment]
     return compiled
 
@@ -54,7 +54,7 @@ def _hand_written(model: torch.nn.Module, work: GpuWorkload, device: torch.devic
 
 def plain(work: GpuWorkload, device: torch.device, precision: str, compiled: bool, session: Session) -> None:
     model = work.model(device)
-    _hand_written(_compiled(model) if compiled else model, work, device, precision, session)
+    _hand_written(compiled_module(model) if compiled else model, work, device, precision, session)
 
 
 def torch_ddp(work: GpuWorkload, device: torch.device, precision: str, compiled: bool, session: Session) -> None:
@@ -63,7 +63,7 @@ def torch_ddp(work: GpuWorkload, device: torch.device, precision: str, compiled:
     _one_rank_group(device)
     wrapped: torch.nn.Module = DistributedDataParallel(
         work.model(device), device_ids=[device.index] if device.type == "cuda" else None)
-    _hand_written(_compiled(wrapped) if compiled else wrapped, work, device, precision, session)
+    _hand_written(compiled_module(wrapped) if compiled else wrapped, work, device, precision, session)
 
 
 def _one_rank_group(device: torch.device) -> None:
@@ -120,16 +120,21 @@ class SessionHooks:
             trainer.should_stop = True
 
 
+# What both Trainers run without: their figures are the training loop's (benchmarks/step_overhead.py
+# --gpu-settings prices the same loop on the CPU).
+QUIET_TRAINER: dict[str, Any] = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False,
+                                 "enable_model_summary": False, "num_sanity_val_steps": 0}
+
+
 def _trainer_arguments(device: torch.device, precision: str, session: Session, hooks: type) -> dict[str, Any]:
     """What both Trainers get: one device, DDP, no logger, checkpoints, progress bar or summary."""
     return {"accelerator": device.type, "devices": 1, "precision": precision, "max_steps": 10**9,
-            "callbacks": [hooks(session)], "logger": False, "enable_checkpointing": False,
-            "enable_progress_bar": False, "enable_model_summary": False, "num_sanity_val_steps": 0}
+            "callbacks": [hooks(session)], **QUIET_TRAINER}
 
 
 def _fit(trainer: Any, module: torch.nn.Module, work: GpuWorkload, device: torch.device, compiled: bool) -> None:
     data = DataLoader(DeviceBatches(work.batches(device)), batch_size=None)
-    trainer.fit(_compiled(module) if compiled else module, train_dataloaders=data)
+    trainer.fit(compiled_module(module) if compiled else module, train_dataloaders=data)
 
 
 def lightning(work: GpuWorkload, device: torch.device, precision: str, compiled: bool, session: Session) -> None:
