@@ -34,7 +34,7 @@ HOST_ONLY = "data loading (host-side collate)"
 # (path fragment, function name or None for any, label): the innermost frame matching one names the source.
 SOURCES: tuple[tuple[str, str | None, str], ...] = (
     ("strategies/reducer.py", "_absorb_grad", "reducer: gradient copied into its bucket"),
-    ("strategies/reducer.py", "_copy_in", "reducer: gradient copied into its bucket"),  # /tmp/r30_*.diff's per-bucket copy
+    ("strategies/buckets.py", "copy_in", "reducer: gradient copied into its bucket"),  # one foreach copy per bucket
     ("strategies/", None, "reducer/strategy: other"),
     ("trainer/loops/nonfinite.py", None, "non-finite check"),
     ("torch/optim/", None, "optimizer step"),

@@ -12,7 +12,7 @@ communication starts early in backward.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -186,6 +186,19 @@ class BucketLayout:
         for param in params:
             if param.grad is not None:
                 param.grad = param.grad.clone()
+
+    def copy_in(self, params: Sequence[torch.Tensor], indexes: Sequence[int], divisor: int, as_view: bool) -> None:
+        """Copy the fresh gradients of `params[indexes]` into their slots at once, divided by `divisor` on
+        the way (1: as they are): one foreach op, so one launch on a GPU where a copy per parameter costs a
+        launch each. With `as_view` each `.grad` then becomes its slot."""
+        grads = [cast(torch.Tensor, params[index].grad) for index in indexes]  # the caller saw each is there
+        views = [self.views[index] for index in indexes]
+        if divisor != 1:
+            grads = list(torch._foreach_div(grads, divisor))
+        torch._foreach_copy_(views, grads)
+        if as_view:
+            for index, view in zip(indexes, views):
+                params[index].grad = view
 
     def write_back(self, params: Sequence[torch.Tensor], results: Sequence[torch.Tensor],
                    used: list[int] | None, as_view: bool) -> None:

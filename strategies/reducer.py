@@ -4,9 +4,9 @@ Life of one synchronised backward pass:
 
 1. `prepare_for_backward(outputs)` (optional work only with `find_unused_parameters`): params
    the outputs do not depend on are marked ready now, so their buckets need not wait.
-2. Each parameter's post-accumulate-grad hook copies its gradient into its bucket slot (or
-   finds it already there: with `gradient_as_bucket_view`, `param.grad` *is* the slot) and
-   marks it ready. The first hook of the pass queues one end-of-backward callback.
+2. Each parameter's post-accumulate-grad hook marks it ready. A fresh gradient waits for the rest of
+   its bucket, then one foreach op copies them all into their slots (one GPU launch per bucket, not per
+   parameter; at most a bucket of memory held meanwhile). The first hook queues an end-of-backward callback.
 3. When bucket *i* is complete and buckets *0..i-1* are launched, bucket *i* goes to the comm
    hook (async). Launching in strict index order on every rank is the invariant that makes
    mismatched collectives impossible, whatever order gradients arrive in.
@@ -193,6 +193,7 @@ class GradReducer:
         self._ready = [False] * len(self._params)
         self._scaled = [False] * len(self._params)  # slot already divided by the world size this pass
         self._pending = [len(indexes) for indexes in self._layout.plan]  # params of each bucket not ready yet
+        self._arrived: list[list[int]] = [[] for _ in self._layout.plan]  # fresh grads not yet in their slots
         self._futures: list[torch.futures.Future[torch.Tensor] | None] = [None] * len(self._layout.plan)
         self._next_bucket = 0  # every bucket before it is launched
         self._ready_order: list[int] = []
@@ -224,8 +225,7 @@ class GradReducer:
 
     def _absorb_grad(self, index: int) -> None:
         """Put this param's current gradient (zeros if none) into its bucket slot."""
-        param, view = self._params[index], self._layout.views[index]
-        grad = param.grad
+        grad, view = self._params[index].grad, self._layout.views[index]
         if grad is None:
             view.zero_()
             self._scaled[index] = True  # zero divided is zero
@@ -234,20 +234,27 @@ class GradReducer:
             raise RuntimeError(f"Parameter {index} has a sparse gradient, which GradReducer cannot bucket; "
                                "use dense gradients (e.g. nn.Embedding(sparse=False)).")
         if grad is not view and grad.data_ptr() != view.data_ptr():  # a fresh .grad (set_to_none=True)
-            if self._state.prescaled:  # divide on the way in: one pass over the gradient instead of two
-                torch.div(grad, self.world_size, out=view)
-                self._scaled[index] = True
-            else:
-                view.copy_(grad)
-            if self._as_view:
-                param.grad = view
+            if not self._ready[index]:  # copied in with its bucket's others once that is complete (_mark_ready)
+                self._arrived[self._layout.bucket_of[index]].append(index)
+                return
+            self._copy_in([index])  # marked unused up front but used after all: its bucket may be complete
 
     def _mark_ready(self, index: int) -> None:
         self._ready[index] = True
         self._ready_order.append(index)
-        self._pending[self._layout.bucket_of[index]] -= 1
+        bucket_index = self._layout.bucket_of[index]
+        self._pending[bucket_index] -= 1
+        if self._pending[bucket_index] == 0 and self._arrived[bucket_index]:
+            indexes, self._arrived[bucket_index] = self._arrived[bucket_index], []
+            self._copy_in(indexes)
         while self._next_bucket < len(self._pending) and self._pending[self._next_bucket] == 0:
             self._launch(self._next_bucket)
+
+    def _copy_in(self, indexes: list[int]) -> None:
+        """Fresh gradients into their slots, divided on the way in when prescaled (one pass, not two)."""
+        self._layout.copy_in(self._params, indexes, self.world_size if self._state.prescaled else 1, self._as_view)
+        for index in indexes:
+            self._scaled[index] = self._state.prescaled
 
     def _launch(self, bucket_index: int) -> None:
         bucket = self._layout.buckets[bucket_index]
