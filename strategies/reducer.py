@@ -18,9 +18,8 @@ Life of one synchronised backward pass:
 After the first synchronised pass the buckets are rebuilt once, in the order gradients
 actually became ready on rank 0 (broadcast, so every rank builds the same buckets): that order
 is kept by strategies/bucket_order.py.
-`replan(bucket_cap_mb)` changes the bucket size between passes and `after_sync` is called at
-the end of each pass with its times: `bucket_cap_mb="auto"` (strategies/autotune.py) uses
-both. Step timing lives in strategies/telemetry.py.
+`replan(bucket_cap_mb)` changes the bucket size between passes and `after_sync` gets each pass's
+times: `bucket_cap_mb="auto"` (strategies/autotune.py) uses both; timing is strategies/telemetry.py.
 """
 
 from __future__ import annotations
@@ -234,10 +233,11 @@ class GradReducer:
             raise RuntimeError(f"Parameter {index} has a sparse gradient, which GradReducer cannot bucket; "
                                "use dense gradients (e.g. nn.Embedding(sparse=False)).")
         if grad is not view and grad.data_ptr() != view.data_ptr():  # a fresh .grad (set_to_none=True)
+            arrived = self._arrived[self._layout.bucket_of[index]]
             if not self._ready[index]:  # copied in with its bucket's others once that is complete (_mark_ready)
-                self._arrived[self._layout.bucket_of[index]].append(index)
-                return
-            self._copy_in([index])  # marked unused up front but used after all: its bucket may be complete
+                arrived.append(index)
+            elif index not in arrived:  # marked unused up front, used after all, and its bucket already copied
+                self._copy_in([index])
 
     def _mark_ready(self, index: int) -> None:
         self._ready[index] = True

@@ -5,10 +5,12 @@ its trainer's private connectors. For such a module we bind our implementations 
 those methods on the instance for the duration of a run, and remove them afterwards (so the
 module pickles and behaves as before). Our own `LightningModule` needs none of this.
 
-`manual_backward` is one of them because Lightning's would call `trainer.strategy.backward(loss,
+`manual_backward` stays the module's class's own (Lightning's, or the user's override of it): it
+checks manual optimization with Lightning's exception and ends in `self.trainer.strategy.backward(loss,
 None, ...)`, expecting the strategy to run the trainer's side of a backward (precision scaling,
-`on_before_backward`/`on_after_backward`). Our strategies only run the pass and its gradient sync,
-so the module calls the Trainer's backward directly, the one its automatic optimization uses.
+`on_before_backward`/`on_after_backward`). Our strategies only run the pass and its gradient sync, so
+while that method runs the module's `trainer` is a `_BackwardRouting` view of ours, whose
+`strategy.backward` is the Trainer's backward, the one automatic optimization uses.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ _BOUND_API: dict[str, Callable[..., Any]] = {
     "log_dict": module_api.log_dict,
     "optimizers": module_api.optimizers,
     "lr_schedulers": module_api.lr_schedulers,
-    "manual_backward": module_api.manual_backward,
     "clip_gradients": module_api.clip_gradients,
     "toggle_optimizer": module_api.toggle_optimizer,
     "untoggle_optimizer": module_api.untoggle_optimizer,
@@ -73,10 +74,48 @@ def _attach_one(module: nn.Module, trainer: Trainer) -> None:
     module.__dict__.setdefault("_current_fx_name", None)
     if isinstance(module, LightningModule):
         return
-    for name, function in _BOUND_API.items():
+    for name, function in {**_BOUND_API, "manual_backward": _manual_backward}.items():
         if name not in module.__dict__:  # an attribute the user set on the instance stays theirs
             module.__dict__[name] = types.MethodType(function, module)
             module.__dict__.setdefault("_bound_by_trainer", set()).add(name)
+
+
+def _manual_backward(module: nn.Module, loss: Any, *args: Any, **kwargs: Any) -> None:
+    """A Lightning module's own `manual_backward` (its class's: Lightning's, or the user's override),
+    run with `self.trainer` routing the backward it asks of the strategy to our Trainer's."""
+    trainer = module.__dict__["_trainer"]
+    trained = trainer.lightning_module if trainer.lightning_module is not None else module
+    module.__dict__["_trainer"] = _BackwardRouting(trainer, trained)
+    try:
+        type(module).manual_backward(module, loss, *args, **kwargs)  # type: ignore[attr-defined]
+    finally:
+        module.__dict__["_trainer"] = trainer
+
+
+class _BackwardRouting:
+    """Our Trainer as Lightning's `manual_backward` reaches it: every attribute is the Trainer's, except
+    that `strategy.backward(loss, optimizer, *args, **kwargs)` runs the Trainer's backward (precision
+    scaling, the backward hooks, the strategy's synchronised pass) for the module being trained."""
+
+    def __init__(self, trainer: Trainer, trained: nn.Module) -> None:
+        self._routed = trainer
+        self.strategy = _StrategyBackward(trainer, trained)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._routed, name)
+
+
+class _StrategyBackward:
+    def __init__(self, trainer: Trainer, trained: nn.Module) -> None:
+        self._trainer, self._trained = trainer, trained
+
+    def backward(self, loss: Any, optimizer: Any = None, *args: Any, **kwargs: Any) -> None:
+        from trainer.loops.training_step import backward
+
+        backward(self._trainer, self._trained, loss, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._trainer.strategy, name)
 
 
 def _looks_like_lightning_module(module: nn.Module) -> bool:

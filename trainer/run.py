@@ -52,8 +52,9 @@ def run_stage(trainer: Trainer, stage: str, model: nn.Module, data: dict[str, An
     if trainer.world_size > 1:
         reset_seed()  # on every rank, the launching process's too, as Lightning's DDP does
     trainer.lightning_module, trainer.datamodule = model, data.get("datamodule")
-    if stage == "fit":
-        trainer.fit_run = FitRun()  # before any hook may ask the fit to stop (Lightning resets should_stop here)
+    if stage == "fit":  # before any hook may ask the fit to stop (Lightning resets should_stop here); is_last_batch
+        # belongs to Lightning's epoch loop, which keeps it until the next batch runs
+        trainer.fit_run = FitRun(is_last_batch=trainer.fit_run.is_last_batch)
     align_lightning_rank(trainer.global_rank)
     trainer.state.fn, trainer.state.stage = stage, _RUNNING_STAGE[stage]
     trainer.data.reset({"train": data.get("train_dataloaders"), "validate": data.get("val_dataloaders")}

@@ -54,7 +54,7 @@ class FitProgress:
     # end hooks and validation; a checkpoint written there counts it (the resume starts after it).
     step_in_flight: bool = False
     # on_train_batch_end is running: a checkpoint written there holds the batch unfinished and says so
-    # (a resume from there counts that batch's skipped validation: ResumePoint.count_skipped_validation)
+    # (a resume from there counts that batch's skipped validation: fit_loop._count_skipped_validation)
     in_batch_end: bool = False
     # Learning-rate scheduler steps taken by the loop, in the whole fit and in the current epoch
     # (counted until the next epoch starts, so an epoch-end checkpoint holds that epoch's).
@@ -98,7 +98,7 @@ class FitRun:
     and never saved; it stays on the Trainer afterwards so the caller can read how the fit ended."""
 
     should_stop: bool = False  # Lightning's `trainer.should_stop` (reset by every fit, as there)
-    is_last_batch: bool = False  # the batch being run is its epoch's last (Lightning's trainer.is_last_batch)
+    is_last_batch: bool = False  # the batch being run is its epoch's last (Lightning's; a new fit starts with the last one's)
     started_at: float = 0.0  # time.monotonic() when training started (max_time counts from there)
     # The fit resumed inside an epoch and that epoch has not ended yet (Lightning's fit_loop.restarting)
     restarting: bool = False

@@ -270,3 +270,56 @@ def test_gradient_after_its_bucket_was_sent_is_an_error_not_a_silent_drop() -> N
     reducer.prepare_for_backward(loss.detach())  # reaches no parameter: every bucket is sent now
     with pytest.raises(RuntimeError, match="pass every output the loss depends on"):
         loss.backward()
+
+
+class _CheckpointedNet(nn.Module):
+    """A reentrant checkpoint hides its parameters from the graph walk of `find_unused_parameters`: they are
+    marked unused up front and then get their gradients during backward after all."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b, self.c = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = torch.utils.checkpoint.checkpoint(lambda t: torch.tanh(self.b(t)), torch.tanh(self.a(x)),
+                                                   use_reentrant=True)
+        return self.c(hidden)
+
+
+def _used_after_all(rank: int, world_size: int, as_view: bool, set_to_none: bool) -> float:
+    """Largest gap to the plain average of local gradients, over 3 steps of 2 micro-batches (no_sync first)."""
+    import torch.distributed as dist
+
+    net, reference = _CheckpointedNet(), _CheckpointedNet()
+    reducer = GradReducer(net, process_group=dist.group.WORLD, gradient_as_bucket_view=as_view,
+                          find_unused_parameters=True)
+    generator, worst = torch.Generator().manual_seed(rank), 0.0
+    for _ in range(3):
+        net.zero_grad(set_to_none=set_to_none)
+        reference.zero_grad()
+        for micro_batch in range(2):
+            x = torch.randn(2, 4, generator=generator)
+            loss = net(x).pow(2).sum()
+            reference(x).pow(2).sum().backward()
+            with reducer.no_sync() if micro_batch == 0 else contextlib.nullcontext():
+                reducer.prepare_for_backward(loss)
+                loss.backward()
+                reducer.finish_backward()
+        for param in reference.parameters():
+            dist.all_reduce(param.grad)
+            param.grad /= world_size
+        worst = max([worst, *(float((p.grad - q.grad).abs().max()) for p, q in zip(net.parameters(),
+                                                                                   reference.parameters()))])
+        with torch.no_grad():
+            for p, q in zip(net.parameters(), reference.parameters()):
+                p.sub_(0.1 * p.grad)
+                q.sub_(0.1 * q.grad)
+    return worst
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("as_view, set_to_none", [(True, True), (True, False), (False, True)])
+def test_parameters_marked_unused_but_used_after_all_average_exactly(as_view: bool, set_to_none: bool) -> None:
+    """Their gradient (accumulated over no_sync, then this pass) is divided once and lands whole in the average."""
+    assert run_on_ranks(_used_after_all, 2, as_view, set_to_none) == [0.0, 0.0]

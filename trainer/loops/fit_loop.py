@@ -58,12 +58,13 @@ def run_fit(trainer: Trainer, module: nn.Module, resume: ResumePoint) -> None:
         rank_zero_warn("The training dataloader yields no batches (an empty dataset, or drop_last with fewer samples "
                        "than batch_size per rank): nothing to train on.")
         return
-    resume.settle(trainer, train_loader)
+    resume.skip_finished_epoch(trainer)
     if fit_done(trainer):  # an earlier fit (or the checkpoint) reached max_epochs/max_steps: Lightning
         return             # then runs no training at all, not even on_train_start/on_train_end
     if validates_in_epoch(trainer):  # the first epoch validates: its loaders now (the progress bar shows them)
         _ensure_val_loaders(trainer, module)
     check_val_interval(trainer)
+    resume.continue_sample_stream(trainer, train_loader)
     _count_skipped_validation(trainer, module, resume)
     resuming = resume.pending(progress)
     run.restarting, run.started_at = progress.batch_in_epoch > 0, time.monotonic()

@@ -49,9 +49,17 @@ class ResumePoint:
         progress.in_batch_end = False
         return point
 
-    def settle(self, trainer: Trainer, train_loader: Any) -> None:
-        """Before the first epoch, with the training loader requested: where in the data the fit goes on."""
-        _advance_past_finished_epoch(trainer.progress, trainer.num_training_batches)
+    @staticmethod
+    def skip_finished_epoch(trainer: Trainer) -> None:
+        """A checkpoint written at the end of an epoch resumes at the start of the next one (once the
+        training loader's length is known; before the fit decides whether anything is left to train)."""
+        progress, per_epoch = trainer.progress, trainer.num_training_batches
+        if per_epoch != float("inf") and 0 <= per_epoch <= progress.batch_in_epoch:
+            progress.current_epoch += 1
+            progress.batch_in_epoch = progress.samples_in_epoch = 0
+
+    def continue_sample_stream(self, trainer: Trainer, train_loader: Any) -> None:
+        """Right before training starts: where in the data a checkpoint from another world size goes on."""
         self.start_sample = continue_stream(trainer, train_loader)
 
     def pending(self, progress: FitProgress) -> bool:
@@ -79,13 +87,6 @@ class ResumePoint:
     def _restore_rng(self, trainer: Trainer) -> None:
         if self.rng_states is not None:
             restore_rank_rng_states(self.rng_states, trainer.global_rank, trainer.strategy.root_device.type)
-
-
-def _advance_past_finished_epoch(progress: FitProgress, per_epoch: int | float) -> None:
-    """A checkpoint written at the end of an epoch resumes at the start of the next one."""
-    if per_epoch != float("inf") and 0 <= per_epoch <= progress.batch_in_epoch:
-        progress.current_epoch += 1
-        progress.batch_in_epoch = progress.samples_in_epoch = 0
 
 
 def continue_stream(trainer: Trainer, train_loader: Any) -> int:

@@ -13,6 +13,7 @@ from trainer.data_sources import INFINITE, unlimited_if_negative
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
+
 def validates_in_epoch(trainer: Trainer) -> bool:
     """Whether validation runs in the current training epoch (check_val_every_n_epoch)."""
     every_n_epochs = trainer.check_val_every_n_epoch
