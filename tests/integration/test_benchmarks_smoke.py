@@ -56,8 +56,8 @@ def test_precision_and_batch_size_reach_every_contender(tmp_path: Path) -> None:
     assert all("error" not in run for run in runs), [run.get("error") for run in runs]
     assert [rank["batch_size"] for run in runs for rank in run["ranks"]] == [6] * 4  # as the loops saw them
     assert runs[0]["final_loss"] == pytest.approx(runs[1]["final_loss"], abs=1e-5)
-    fp32 = subprocess.run([*command[:-6], "--batch-size", "6", "--out", str(tmp_path / "fp32")], cwd=REPO,
-                          capture_output=True, text=True, timeout=110)
+    fp32 = subprocess.run([*command[:-6], "--batch-size", "6", "--contenders", "torch_ddp", "--launch-repeats", "0",
+                           "--out", str(tmp_path / "fp32")], cwd=REPO, capture_output=True, text=True, timeout=110)
     assert fp32.returncode == 0, fp32.stderr[-3000:]
     fp32_loss = json.loads((tmp_path / "fp32" / "results.json").read_text())["runs"][0]["final_loss"]
     assert fp32_loss != runs[0]["final_loss"]  # autocast did change the arithmetic

@@ -4,6 +4,7 @@ max_time, overfit_batches, min_epochs, refused arguments."""
 
 from __future__ import annotations
 
+import inspect
 from datetime import timedelta
 from pathlib import Path
 from typing import Any

@@ -27,6 +27,7 @@ def _fit(mode: str, out: Path) -> tuple[dict[str, torch.Tensor], dict[int, int]]
     return torch.load(out / "weights.pt", weights_only=True), graphs_compiled(log)
 
 
+@pytest.mark.conformance  # two compiled 2-process fits (~25 s); tests/distributed/test_compiled.py keeps ours in make test
 @pytest.mark.timeout(300)
 def test_compiled_module_in_lightnings_trainer_splits_at_our_buckets_and_matches_lightning_ddp(
         tmp_path: Path) -> None:
