@@ -3,7 +3,8 @@
 A group file opts into its schema through its defaults list (`- base_trainer`), so Hydra
 type-checks every value and rejects unknown keys while composing: `trainer.max_epochs=abc`
 fails before anything is built. What a type can't express is `trainer.cli.checks`' to check.
-The Trainer's and the strategies' schemas are read off their signatures (signature_schema.py):
+The Trainer's, the strategies' and the demo DataModules' schemas are read off their signatures
+(signature_schema.py):
 their arguments are written once in code and once, with the CLI's values, in `conf/`.
 """
 
@@ -19,6 +20,10 @@ from omegaconf import OmegaConf
 from strategies import DDPStrategy, SingleDeviceStrategy
 from trainer.cli.run_dir import run_name
 from trainer.cli.signature_schema import signature_schema
+from trainer.demos.digits import DigitsDataModule
+from trainer.demos.synthetic import SyntheticDataModule
+from trainer.demos.text import TextDataModule
+from trainer.datamodule import LightningDataModule
 from trainer.trainer import Trainer
 
 
@@ -32,40 +37,6 @@ TrainerConfig = signature_schema(Trainer.__init__, "TrainerConfig", leave_out=TR
 
 
 # Optional[...] rather than `X | None`: OmegaConf reads these annotations at runtime.
-@dataclass
-class DigitsDataConfig:
-    _target_: str = "trainer.demos.digits.DigitsDataModule"
-    batch_size: int = 64
-    val_fraction: float = 0.2
-    seed: int = 0
-    num_workers: int = 0
-
-
-@dataclass
-class SyntheticDataConfig:
-    _target_: str = "trainer.demos.synthetic.SyntheticDataModule"
-    task: str = "classification"
-    num_samples: int = 4096
-    input_dim: int = 32
-    num_classes: int = 4
-    num_targets: int = 1
-    noise: float = 0.1
-    val_fraction: float = 0.2
-    batch_size: int = 64
-    seed: int = 0
-    num_workers: int = 0
-
-
-@dataclass
-class TextDataConfig:
-    _target_: str = "trainer.demos.text.TextDataModule"
-    path: Optional[str] = None
-    block_size: int = 64
-    batch_size: int = 32
-    val_fraction: float = 0.1
-    num_workers: int = 0
-
-
 @dataclass
 class OptimizerFields:
     """The optimizer arguments every demo model takes (trainer/demos/common.py)."""
@@ -113,6 +84,12 @@ class CharGPTConfig:
     scheduler: Optional[str] = None
 
 
+def _datamodule_schema(datamodule: type[LightningDataModule]) -> type:
+    """A demo DataModule's schema, read off its constructor like the Trainer's (every argument is a key)."""
+    return signature_schema(datamodule.__init__, f"{datamodule.__name__}Config", leave_out=(),
+                            target=f"{datamodule.__module__}.{datamodule.__name__}")
+
+
 SCHEMAS: dict[tuple[str, str], type] = {
     ("trainer", "base_trainer"): TrainerConfig,
     ("strategy", "base_ddp"): signature_schema(DDPStrategy.__init__, "DDPStrategyConfig",
@@ -121,9 +98,8 @@ SCHEMAS: dict[tuple[str, str], type] = {
     ("strategy", "base_single"): signature_schema(SingleDeviceStrategy.__init__, "SingleDeviceStrategyConfig",
                                                   leave_out=STRATEGY_ARGS_NOT_FROM_THE_CLI,
                                                   target="strategies.SingleDeviceStrategy"),
-    ("data", "base_digits"): DigitsDataConfig,
-    ("data", "base_synthetic"): SyntheticDataConfig,
-    ("data", "base_text"): TextDataConfig,
+    **{("data", f"base_{name}"): _datamodule_schema(datamodule) for name, datamodule in
+       (("digits", DigitsDataModule), ("synthetic", SyntheticDataModule), ("text", TextDataModule))},
     ("model", "base_digits_classifier"): DigitsClassifierConfig,
     ("model", "base_mlp_regressor"): MLPRegressorConfig,
     ("model", "base_char_gpt"): CharGPTConfig,
