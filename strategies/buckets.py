@@ -27,6 +27,17 @@ def trainable_parameters(module: nn.Module) -> list[nn.Parameter]:
     return [param for param in module.parameters() if param.requires_grad]
 
 
+def copies_per_bucket(device: torch.device) -> bool:
+    """Whether fresh gradients on `device` wait for the rest of their bucket and go into it together.
+
+    On an accelerator every op is a kernel launch the host pays for, so a bucket's gradients are copied by
+    one foreach op when its last one arrives (#30). On a CPU an op costs only its pass over memory, so each
+    gradient goes into its slot as it arrives: one pass, spread over backward, nothing held back, and the
+    bucket's collective starts the moment its last gradient lands (#37).
+    """
+    return device.type != "cpu"
+
+
 def plan_buckets(params: Sequence[torch.Tensor], *, bucket_cap_mb: float = 25.0,
                  first_bucket_cap_mb: float = 1.0) -> list[list[int]]:
     """Plan for the first step: gradients of the last-registered layers are ready first."""
@@ -164,6 +175,7 @@ class BucketLayout:
                 self.bucket_of[param_index] = bucket_index
                 self.views[param_index] = view
         self._slot_ids = frozenset(id(view) for view in self.views)  # the slots live as long as the layout
+        self.batched_copies = [copies_per_bucket(bucket.buffer().device) for bucket in self.buckets]
 
     def buffers_holding(self, grads: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
         """The flat buffers, when `grads` are exactly the slots (every one, each once), so that a check
@@ -188,14 +200,21 @@ class BucketLayout:
                 param.grad = param.grad.clone()
 
     def copy_in(self, params: Sequence[torch.Tensor], indexes: Sequence[int], divisor: int, as_view: bool) -> None:
-        """Copy the fresh gradients of `params[indexes]` into their slots at once, divided by `divisor` on
-        the way (1: as they are): one foreach op, so one launch on a GPU where a copy per parameter costs a
-        launch each. With `as_view` each `.grad` then becomes its slot."""
+        """Copy the fresh gradients of `params[indexes]` into their slots, divided by `divisor` on the way (1: as
+        they are), in place with no temporary. One gradient: one pass over it. Several (a whole bucket on an
+        accelerator, see `batched_copies`): one foreach copy, then one in-place foreach divide when
+        `divisor != 1`. With `as_view` each `.grad` then becomes its slot."""
         grads = [cast(torch.Tensor, params[index].grad) for index in indexes]  # the caller saw each is there
         views = [self.views[index] for index in indexes]
-        if divisor != 1:
-            grads = list(torch._foreach_div(grads, divisor))
-        torch._foreach_copy_(views, grads)
+        if len(views) == 1:
+            if divisor == 1:
+                views[0].copy_(grads[0])
+            else:
+                torch.div(grads[0], divisor, out=views[0])
+        else:
+            torch._foreach_copy_(views, grads)
+            if divisor != 1:
+                torch._foreach_div_(views, divisor)
         if as_view:
             for index, view in zip(indexes, views):
                 params[index].grad = view

@@ -4,9 +4,11 @@ Life of one synchronised backward pass:
 
 1. `prepare_for_backward(outputs)` (optional work only with `find_unused_parameters`): params
    the outputs do not depend on are marked ready now, so their buckets need not wait.
-2. Each parameter's post-accumulate-grad hook marks it ready. A fresh gradient waits for the rest of
-   its bucket, then one foreach op copies them all into their slots (one GPU launch per bucket, not per
-   parameter; at most a bucket of memory held meanwhile). The first hook queues an end-of-backward callback.
+2. Each parameter's post-accumulate-grad hook marks it ready. On a CPU its fresh gradient goes into its
+   bucket slot at once (divided on the way when prescaled: one pass). On an accelerator it waits for the
+   rest of its bucket, then one foreach op copies them all (one launch per bucket, not per parameter; at
+   most a bucket of memory held meanwhile): `buckets.copies_per_bucket`. The first hook queues an
+   end-of-backward callback.
 3. When bucket *i* is complete and buckets *0..i-1* are launched, bucket *i* goes to the comm
    hook (async). Launching in strict index order on every rank is the invariant that makes
    mismatched collectives impossible, whatever order gradients arrive in.
@@ -113,7 +115,7 @@ class GradReducer:
             for index, param in enumerate(self._params):
                 if id(param) not in reachable:
                     self._pass_active = True
-                    self._absorb_grad(index)
+                    self._absorb_grad(index, more_may_come=True)
                     self._mark_ready(index)
 
     def finish_backward(self) -> None:
@@ -222,8 +224,10 @@ class GradReducer:
         if not self._ready[index]:  # else marked unused up front but used after all: just take the gradient
             self._mark_ready(index)
 
-    def _absorb_grad(self, index: int) -> None:
-        """Put this param's current gradient (zeros if none) into its bucket slot."""
+    def _absorb_grad(self, index: int, more_may_come: bool = False) -> None:
+        """Put this param's current gradient (zeros if none) into its bucket slot. `more_may_come`: it is
+        marked unused up front but may still receive a gradient in this backward (a reentrant checkpoint
+        hides parameters from the graph walk), so a fresh one waits for its bucket like on an accelerator."""
         grad, view = self._params[index].grad, self._layout.views[index]
         if grad is None:
             view.zero_()
@@ -233,10 +237,11 @@ class GradReducer:
             raise RuntimeError(f"Parameter {index} has a sparse gradient, which GradReducer cannot bucket; "
                                "use dense gradients (e.g. nn.Embedding(sparse=False)).")
         if grad is not view and grad.data_ptr() != view.data_ptr():  # a fresh .grad (set_to_none=True)
-            arrived = self._arrived[self._layout.bucket_of[index]]
-            if not self._ready[index]:  # copied in with its bucket's others once that is complete (_mark_ready)
-                arrived.append(index)
-            elif index not in arrived:  # marked unused up front, used after all, and its bucket already copied
+            bucket_index = self._layout.bucket_of[index]
+            arrived = self._arrived[bucket_index]
+            if (more_may_come or self._layout.batched_copies[bucket_index]) and not self._ready[index]:
+                arrived.append(index)  # copied in with its bucket's others once that is complete (_mark_ready)
+            elif index not in arrived:  # now: one pass on a CPU, or marked unused, used after all, bucket copied
                 self._copy_in([index])
 
     def _mark_ready(self, index: int) -> None:
