@@ -40,12 +40,16 @@ def _model() -> torch.nn.Module:
 
 
 def _run_steps(reducer: GradReducer, model: torch.nn.Module, divisor: int) -> list[Counter[str]]:
+    return _run_steps_on(reducer, model, divisor, device="cpu")
+
+
+def _run_steps_on(reducer: GradReducer, model: torch.nn.Module, divisor: int, device: str) -> list[Counter[str]]:
     """Three steps (one when prescaled); each checks every `.grad` is its slot holding the local gradient
     divided by `divisor`."""
     counts = []
     for _ in range(3):
         model.zero_grad(set_to_none=True)
-        inputs = torch.randn(4, 8)
+        inputs = torch.randn(4, 8, device=device)
         expected = torch.autograd.grad(model(inputs).sum(), list(model.parameters()))
         mode = _GradientWrites()
         with mode:
@@ -107,3 +111,21 @@ def test_prescaled_gradients_are_divided_into_their_slots_without_a_temporary(
         else:
             assert ops["div"] == 12 and ops["_foreach_copy_"] == 0, ops
         assert "_foreach_div" not in ops, ops  # never an out-of-place divide into temporaries
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_real_policy_copies_a_bucket_at_once_and_divides_in_place() -> None:
+    """Not a stand-in policy: the layout of a CUDA model chooses the per-bucket copy itself."""
+    for divisor in (1, 4):
+        model = _model().cuda()
+        reducer = GradReducer(model, bucket_cap_mb=0.0006, first_bucket_cap_mb=0.0003)
+        assert all(reducer._layout.batched_copies)
+        if divisor != 1:
+            reducer._state = reducer._state.__class__(None, divisor, None, prescaled=True)
+            reducer.world_size = divisor
+            reducer._hook = _as_received
+        counts = _run_steps_on(reducer, model, divisor, device="cuda")
+        count = len(reducer._layout.buckets)
+        assert sum(counts[-1][name] for name in ("_foreach_copy_", "copy_")) == count, counts[-1]
+        assert "_foreach_div" not in counts[-1], counts[-1]
+        reducer.remove()
