@@ -124,8 +124,11 @@ def test_on_cuda_the_real_policy_copies_a_bucket_at_once_and_divides_in_place() 
             reducer._state = reducer._state.__class__(None, divisor, None, prescaled=True)
             reducer.world_size = divisor
             reducer._hook = _as_received
-        counts = _run_steps_on(reducer, model, divisor, device="cuda")
         count = len(reducer._layout.buckets)
-        assert sum(counts[-1][name] for name in ("_foreach_copy_", "copy_")) == count, counts[-1]
-        assert "_foreach_div" not in counts[-1], counts[-1]
+        ops = _run_steps_on(reducer, model, divisor, device="cuda")[-1]  # prescaled: step 0, with the rebuild's copies
+        if divisor == 1:
+            assert ops["_foreach_copy_"] + ops["copy_"] == count, ops  # one launch per bucket
+        else:  # a copy and an in-place divide per bucket; a one-gradient bucket: one `div` into its slot
+            assert ops["_foreach_copy_"] == ops["_foreach_div_"] and ops["_foreach_copy_"] + ops["div"] == count, ops
+        assert "_foreach_div" not in ops, ops
         reducer.remove()
