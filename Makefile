@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: train test conformance bench typecheck clean
+.PHONY: train test conformance bench bench-check typecheck clean
 
 $(STAMP): pyproject.toml requirements/torch-cpu.txt
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,11 @@ conformance: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run
+
+# Before committing a change to the reducer, buckets, comm hooks, shm transport or the training step:
+# ours against torch DDP and ours-inside-Lightning, interleaved; fails beyond the run's own noise (#37).
+bench-check: $(STAMP)
+	$(PY) -m benchmarks.check
 
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache .mypy_cache
