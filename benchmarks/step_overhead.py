@@ -27,6 +27,7 @@ world size 1 next to nothing).
     python -m benchmarks.step_overhead --profile 25       # + cProfile of our steady-state steps
     python -m benchmarks.step_overhead --model gpt_host --compile --variant on_nonfinite=ignore
     python -m benchmarks.step_overhead --model gpt_host --torch-ddp --gpu-settings --count-ops 10
+    python -m benchmarks.step_overhead --model gpt_host --torch-ddp --gpu-settings --foreach --count-calls 50
 
 * `--gpu-settings`: ours as the GPU benchmark's `ours` contender runs (benchmarks/gpu/loops.py): our DDP
   at world size 1, no logger, checkpointing, progress bar or summary, a module that logs nothing.
@@ -51,6 +52,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
@@ -61,6 +63,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
+from benchmarks.call_count import CallWindow, format_calls
 from benchmarks.gpu.loops import QUIET_TRAINER, compiled_module
 from benchmarks.op_count import CountWindow, OpCounter, format_counts, per_step
 from benchmarks.workloads import WORKLOADS, loss_fn
@@ -281,6 +284,16 @@ def count_ops(runners: dict[str, Callable[..., StepCost]], warmup: int, steps: i
     return results
 
 
+def count_calls(runners: dict[str, Callable[..., StepCost]], warmup: int, steps: int) -> dict[str, Counter[str]]:
+    """Per contender, Python calls per step by room (benchmarks/call_count.py), over `steps` steps after `warmup`."""
+    results = {}
+    for name, runner in runners.items():
+        window = CallWindow(warmup, steps)
+        runner(window=window)
+        results[name] = window.calls_per_room()
+    return results
+
+
 def profile_ours(case: Case, compile_: bool, steps: int, warmup: int, top: int, **trainer_args: Any) -> str:
     """cProfile of our steady-state steps (from the warm-up's end to the end of the fit's training)."""
     profiler = cProfile.Profile()
@@ -311,13 +324,16 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="print the top N functions of a profile")
     parser.add_argument("--count-ops", type=int, default=0, metavar="N",
                         help="count each contender's would-be kernel launches over N steps instead of timing")
+    parser.add_argument("--count-calls", type=int, default=0, metavar="N",
+                        help="count each contender's Python calls per step, by module, over N steps instead of timing")
     parser.add_argument("--json", metavar="PATH", help="also write the figures (times or counts) to this file")
     return parser
 
 
 def _contenders(args: argparse.Namespace, case: Case, base: dict[str, Any]) -> dict[str, Callable[..., StepCost]]:
     """Each contender as a call taking an optional `window`, so one set serves timing and counting."""
-    steps = args.warmup + args.count_ops + 1 if args.count_ops else args.steps
+    counted = args.count_ops or args.count_calls
+    steps = args.warmup + counted + 1 if counted else args.steps
     ours = functools.partial(run_ours, case, args.compile, steps, args.warmup, log_loss=not args.gpu_settings)
     runners: dict[str, Callable[..., StepCost]] = {
         "raw": functools.partial(run_raw, case, args.compile, steps, args.warmup),
@@ -365,6 +381,10 @@ def main(argv: list[str] | None = None) -> None:
         figures: dict[str, Any] = count_ops(runners, args.warmup, args.count_ops)
         print(f"kernel launches per step (ops a GPU would launch), over {args.count_ops} steps after {args.warmup}")
         print("\n".join(format_counts(figures)))
+    elif args.count_calls:
+        figures = count_calls(runners, args.warmup, args.count_calls)
+        print(f"Python calls per step, over {args.count_calls} steps after {args.warmup}")
+        print("\n".join(format_calls(figures)))
     else:
         run_ours(case, args.compile, args.warmup + 10, args.warmup, **base)  # first-use costs (imports, compiles) in no figure
         run_raw(case, args.compile, args.warmup + 10, args.warmup, args.torch_ddp)

@@ -199,22 +199,29 @@ class BucketLayout:
             if param.grad is not None:
                 param.grad = param.grad.clone()
 
+    def copy_one(self, param: torch.Tensor, index: int, divisor: int, as_view: bool) -> None:
+        """Copy `param`'s fresh gradient (parameter `index`) into its slot, divided by `divisor` on the way
+        (1: as it is): one pass, no temporary. With `as_view` its `.grad` then becomes its slot."""
+        view, grad = self.views[index], param.grad  # the caller saw the gradient is there
+        if divisor == 1:
+            view.copy_(grad)  # type: ignore[arg-type]  # (no typing.cast: a call per gradient on the hot path)
+        else:
+            torch.div(grad, divisor, out=view)  # type: ignore[arg-type]
+        if as_view:
+            param.grad = view
+
     def copy_in(self, params: Sequence[torch.Tensor], indexes: Sequence[int], divisor: int, as_view: bool) -> None:
-        """Copy the fresh gradients of `params[indexes]` into their slots, divided by `divisor` on the way (1: as
-        they are), in place with no temporary. One gradient: one pass over it. Several (a whole bucket on an
-        accelerator, see `batched_copies`): one foreach copy, then one in-place foreach divide when
-        `divisor != 1`. With `as_view` each `.grad` then becomes its slot."""
+        """Copy the fresh gradients of `params[indexes]` (a bucket's, on an accelerator: see `batched_copies`)
+        into their slots at once: one foreach copy, then one in-place foreach divide when `divisor != 1` (no
+        bucket of temporaries). One gradient alone goes by `copy_one`."""
+        if len(indexes) == 1:
+            self.copy_one(params[indexes[0]], indexes[0], divisor, as_view)
+            return
         grads = [cast(torch.Tensor, params[index].grad) for index in indexes]  # the caller saw each is there
         views = [self.views[index] for index in indexes]
-        if len(views) == 1:
-            if divisor == 1:
-                views[0].copy_(grads[0])
-            else:
-                torch.div(grads[0], divisor, out=views[0])
-        else:
-            torch._foreach_copy_(views, grads)
-            if divisor != 1:
-                torch._foreach_div_(views, divisor)
+        torch._foreach_copy_(views, grads)
+        if divisor != 1:
+            torch._foreach_div_(views, divisor)
         if as_view:
             for index, view in zip(indexes, views):
                 params[index].grad = view

@@ -71,6 +71,7 @@ class GradReducer:
         self._state = CommHookState.connect(process_group, self._params, transport=transport, timeout=timeout,
                                             prescale=accepts_prescaled(self._hook))
         self.process_group, self.world_size = process_group, self._state.world_size
+        self._divisor = self.world_size if self._state.prescaled else 1  # applied while copying gradients in
         self._as_view, self._find_unused = gradient_as_bucket_view, find_unused_parameters
         self.require_backward_grad_sync = True  # False inside `no_sync()`, torch DDP's name
         self._removed = self._finalized_since_mark = False
@@ -242,7 +243,8 @@ class GradReducer:
             if (more_may_come or self._layout.batched_copies[bucket_index]) and not self._ready[index]:
                 arrived.append(index)  # copied in with its bucket's others once that is complete (_mark_ready)
             elif index not in arrived:  # now: one pass on a CPU, or marked unused, used after all, bucket copied
-                self._copy_in([index])
+                self._layout.copy_one(self._params[index], index, self._divisor, self._as_view)
+                self._scaled[index] = self._state.prescaled
 
     def _mark_ready(self, index: int) -> None:
         self._ready[index] = True
@@ -256,8 +258,8 @@ class GradReducer:
             self._launch(self._next_bucket)
 
     def _copy_in(self, indexes: list[int]) -> None:
-        """Fresh gradients into their slots, divided on the way in when prescaled (one pass, not two)."""
-        self._layout.copy_in(self._params, indexes, self.world_size if self._state.prescaled else 1, self._as_view)
+        """A bucket's fresh gradients into their slots, divided on the way in when prescaled."""
+        self._layout.copy_in(self._params, indexes, self._divisor, self._as_view)
         for index in indexes:
             self._scaled[index] = self._state.prescaled
 

@@ -75,7 +75,8 @@ class ReducerTelemetry:
         when `prepare_for_backward` (optional) did not."""
         if self._started is None:
             self.begin_backward()
-        self.poll()
+        if self._pending:  # most hooks of a pass come before any bucket is launched: nothing to look at
+            self.poll()
 
     def end_backward(self) -> None:
         if self._backward_end is None:

@@ -70,6 +70,14 @@ def _as_received(state: Any, bucket: buckets.GradBucket) -> torch.futures.Future
     return future
 
 
+def _as_prescaled_ranks(reducer: GradReducer, world_size: int) -> None:
+    """Make a one-process reducer divide as one of `world_size` prescaled ranks would; its hook hands each
+    bucket back as the collective would receive it."""
+    reducer._state = reducer._state.__class__(None, world_size, None, prescaled=True)
+    reducer.world_size = reducer._divisor = world_size
+    reducer._hook = _as_received
+
+
 def test_on_an_accelerator_one_foreach_copy_per_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(buckets, "copies_per_bucket", lambda device: True)  # the policy a GPU gets
     model = _model()
@@ -101,9 +109,7 @@ def test_prescaled_gradients_are_divided_into_their_slots_without_a_temporary(
         monkeypatch.setattr(buckets, "copies_per_bucket", lambda device, batched=batched: batched)
         model = _model()
         reducer = GradReducer(model, bucket_cap_mb=0.0006, first_bucket_cap_mb=0.0003)
-        reducer._state = reducer._state.__class__(None, 4, None, prescaled=True)  # as a 4-rank reducer sees it
-        reducer.world_size = 4
-        reducer._hook = _as_received  # the bucket as the collective would receive it
+        _as_prescaled_ranks(reducer, 4)
         count = len(reducer._layout.buckets)
         ops = _run_steps(reducer, model, divisor=4)[0]
         if batched:  # per bucket: one copy and one in-place divide (a one-gradient bucket: one `div` into it)
@@ -121,9 +127,7 @@ def test_on_cuda_the_real_policy_copies_a_bucket_at_once_and_divides_in_place() 
         reducer = GradReducer(model, bucket_cap_mb=0.0006, first_bucket_cap_mb=0.0003)
         assert all(reducer._layout.batched_copies)
         if divisor != 1:
-            reducer._state = reducer._state.__class__(None, divisor, None, prescaled=True)
-            reducer.world_size = divisor
-            reducer._hook = _as_received
+            _as_prescaled_ranks(reducer, divisor)
         count = len(reducer._layout.buckets)
         ops = _run_steps_on(reducer, model, divisor, device="cuda")[-1]  # prescaled: step 0, with the rebuild's copies
         if divisor == 1:
