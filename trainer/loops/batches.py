@@ -112,7 +112,8 @@ class FetchAhead:
     without a length. The item ahead is fetched raw (its transfer hooks run when it is handed out)."""
 
     def __init__(self, iterator: Iterator[Any]) -> None:
-        self._iterator, self._ahead, self.done = iterator, None, False
+        self._iterator, self.done = iterator, False
+        self._ahead: Any = None
         self._started = False
 
     def __iter__(self) -> Iterator[Any]:
