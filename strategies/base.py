@@ -166,11 +166,12 @@ class Strategy(abc.ABC):
         return module.to(self.root_device)
 
     def process_dataloader(self, dataloader: DataLoader, *, for_training: bool = True,
-                           shuffle: bool | None = None) -> DataLoader:
+                           shuffle: bool | None = None, keep_sampler: bool = False) -> DataLoader:
         """Return the loader this rank iterates (a distributed strategy shards it). Training shards
         are padded to one length, so every rank takes the same number of steps; evaluation shards
         (`for_training=False`) cover each sample exactly once and may differ in length by one.
-        `shuffle` orders the shards (None: as the loader itself would: its own shuffle setting)."""
+        `shuffle` orders the shards (None: as the loader itself would: its own shuffle setting).
+        `keep_sampler` (prediction) shards what the loader's own sampler draws, whatever it is."""
         return dataloader
 
     def training_step(self, module: nn.Module, *args: Any, **kwargs: Any) -> Any:

@@ -206,9 +206,9 @@ class DDPStrategy(Strategy):
 
     @override
     def process_dataloader(self, dataloader: DataLoader, *, for_training: bool = True,
-                           shuffle: bool | None = None) -> DataLoader:
+                           shuffle: bool | None = None, keep_sampler: bool = False) -> DataLoader:
         return distribute_dataloader(dataloader, num_replicas=self.world_size, rank=self.global_rank,
-                                     pad=for_training, shuffle=shuffle)
+                                     pad=for_training, shuffle=shuffle, keep_sampler=keep_sampler)
 
     @override
     def training_step(self, module: nn.Module, *args: Any, **kwargs: Any) -> Any:

@@ -15,6 +15,12 @@ counted twice in validation metrics. That is safe only because the evaluation lo
 collective per batch (all metric sync happens once, at epoch end), so a rank with one batch
 fewer never leaves a peer waiting.
 
+A loader with a sampler of its own (a `WeightedRandomSampler`, a custom one) keeps it, as in Lightning:
+`SamplerShards` draws it in full on every rank each epoch and hands each rank its share of the draws
+(padded in training, exactly once in evaluation). Prediction always keeps the loader's sampler, even a
+`RandomSampler`, so the order (and the draws from torch's generator) are the loader's own, as
+Lightning's prediction does.
+
 An `IterableDataset` is returned unchanged: it has no indices to split, so the dataset itself
 must shard (e.g. by `torch.distributed.get_rank()` inside `__iter__`).
 """
@@ -22,7 +28,7 @@ must shard (e.g. by `torch.distributed.get_rank()` inside `__iter__`).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sized
+from collections.abc import Iterable, Iterator, Sized
 from typing import Any
 
 import torch
@@ -112,25 +118,80 @@ class ResumableDistributedSampler(DistributedSampler):
         return torch.randperm(size, generator=generator).tolist()
 
 
+class SamplerShards(Sampler[Any]):
+    """Rank `rank`'s share of what another sampler draws. Each epoch (`__iter__`) the inner sampler is
+    drawn in full, in its own order and with its own randomness (every rank draws the same when the
+    ranks' generators agree, as `seed_everything` makes them); the positions of the draws are permuted
+    by a generator seeded with `seed + epoch` when `shuffle`, then strided `rank, rank + N, ...`:
+    padded with the first positions (`pad`, training: every rank the same number of steps) or not
+    (evaluation and prediction: every draw exactly once). `set_epoch` also reaches the inner sampler."""
+
+    def __init__(self, sampler: Iterable[Any], num_replicas: int, rank: int, *, shuffle: bool, seed: int,
+                 pad: bool) -> None:
+        if not isinstance(sampler, Sized) or len(sampler) == float("inf"):
+            raise TypeError(f"Cannot shard the DataLoader's {type(sampler).__qualname__} across {num_replicas} "
+                            f"processes: it has no finite length; give it a __len__, or {_HINT}.")
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank must be in [0, num_replicas={num_replicas}), got {rank}.")
+        self.sampler, self.num_replicas, self.rank = sampler, num_replicas, rank
+        self.shuffle, self.seed, self.pad, self.epoch = shuffle, seed, pad, 0
+
+    @override
+    def __iter__(self) -> Iterator[Any]:
+        drawn = list(self.sampler)
+        positions = self._positions(len(drawn))
+        return (drawn[position] for position in positions[self.rank::self.num_replicas])
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self._total(len(self.sampler)), self.num_replicas))  # type: ignore[arg-type]
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        inner = getattr(self.sampler, "set_epoch", None)
+        if callable(inner):
+            inner(epoch)
+
+    def _positions(self, size: int) -> list[int]:
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(self.seed + self.epoch)
+            positions = torch.randperm(size, generator=generator).tolist()
+        else:
+            positions = list(range(size))
+        padding = self._total(size) - size
+        return positions + (positions * (padding // max(size, 1) + 1))[:padding]
+
+    def _total(self, size: int) -> int:
+        return -(-size // self.num_replicas) * self.num_replicas if self.pad else size
+
+
 def distribute_dataloader(dataloader: DataLoader, num_replicas: int, rank: int,
-                          seed: int | None = None, pad: bool = True, shuffle: bool | None = None) -> DataLoader:
+                          seed: int | None = None, pad: bool = True, shuffle: bool | None = None,
+                          keep_sampler: bool = False) -> DataLoader:
     """A DataLoader that yields only this rank's shard.
 
     `pad=True` (training) pads like DistributedSampler so every rank runs the same number of
     steps; `pad=False` (evaluation, prediction) covers each sample exactly once (`ShardSampler`).
-    `shuffle` permutes the shards each epoch; None keeps the loader's own setting.
-    `seed` (default: $PL_GLOBAL_SEED, else 0) must be the same on every rank, so that all
-    ranks permute identically and their shards stay disjoint.
+    `shuffle` permutes the shards each epoch; None keeps the loader's own setting (a `RandomSampler`
+    shuffles, any other sampler does not). A sampler other than a `RandomSampler`/`SequentialSampler`
+    is kept and its draws sharded (`SamplerShards`), and so is every sampler with `keep_sampler`
+    (prediction: the loader's own order, as Lightning's prediction keeps it, its permutation seeded by
+    the epoch alone). `seed` (default: $PL_GLOBAL_SEED, else 0) must be the same on every rank, so
+    that all ranks permute identically and their shards stay disjoint.
     """
     if isinstance(dataloader.dataset, IterableDataset):
         return dataloader
     batch_sampler_source = getattr(dataloader.batch_sampler, "sampler", None)
     if isinstance(dataloader.sampler, DistributedSampler) or isinstance(batch_sampler_source, DistributedSampler):
         return dataloader  # the user sharded it already
-    own_shuffle = _check_rebuildable(dataloader)
-    shuffle = own_shuffle if shuffle is None else shuffle
-    sampler: Sampler[int]
-    if pad:
+    _check_rebuildable(dataloader)
+    own = dataloader.sampler
+    shuffle = isinstance(own, RandomSampler) if shuffle is None else shuffle
+    sampler: Sampler[Any]
+    if keep_sampler or not isinstance(own, (RandomSampler, SequentialSampler)):
+        _check_every_rank_has_a_draw(own, num_replicas, pad)
+        sampler = SamplerShards(own, num_replicas, rank, shuffle=shuffle, pad=pad,
+                                seed=0 if keep_sampler else _resolve_seed(seed))
+    elif pad:
         _check_enough_samples_to_train(dataloader, num_replicas)
         sampler = ResumableDistributedSampler(dataloader.dataset, num_replicas=num_replicas,  # type: ignore[arg-type]
                                               rank=rank, shuffle=shuffle, seed=_resolve_seed(seed))
@@ -180,8 +241,18 @@ def _check_every_rank_has_a_batch(dataloader: DataLoader, num_replicas: int) -> 
                          f"(every sample counted exactly once) or change batch_size.")
 
 
-def _check_rebuildable(dataloader: DataLoader) -> bool:
-    """Raise TypeError for anything we cannot rebuild faithfully; return the shuffle setting."""
+def _check_every_rank_has_a_draw(sampler: Any, num_replicas: int, pad: bool) -> None:
+    """Unpadded shards of a sampler's draws: a rank with no draw would skip the stage, and with it the
+    epoch-end sync its peers wait in (Lightning refuses such a split too)."""
+    size = len(sampler) if isinstance(sampler, Sized) else None
+    if not pad and size is not None and 0 < size < num_replicas:
+        raise ValueError(f"The DataLoader's {type(sampler).__qualname__} draws {size} sample(s) but the job runs "
+                         f"{num_replicas} processes: some ranks would get none. Draw at least {num_replicas}, run "
+                         "fewer processes, or pass use_distributed_sampler=False to the Trainer and shard it yourself.")
+
+
+def _check_rebuildable(dataloader: DataLoader) -> None:
+    """Raise TypeError for a loader we cannot rebuild faithfully (a subclass, a custom batch sampler)."""
     if type(dataloader) is not DataLoader:
         raise TypeError(f"Cannot add a DistributedSampler to a {type(dataloader).__qualname__} (a DataLoader "
                         f"subclass): rebuilding it as a plain DataLoader would drop its behaviour; {_HINT}.")
@@ -191,15 +262,6 @@ def _check_rebuildable(dataloader: DataLoader) -> bool:
         raise TypeError(f"Cannot add a DistributedSampler to a DataLoader with a custom batch_sampler "
                         f"({type(batch_sampler).__qualname__}); {_HINT} (e.g. wrap a DistributedSampler "
                         f"in your batch sampler).")
-    sampler = dataloader.sampler
-    if type(sampler) is SequentialSampler:
-        return False
-    if type(sampler) is RandomSampler and not sampler.replacement \
-            and sampler.num_samples == len(sampler.data_source):  # type: ignore[arg-type]
-        return True
-    raise TypeError(f"Cannot add a DistributedSampler to a DataLoader with a custom sampler "
-                    f"({type(sampler).__qualname__}): its sampling order cannot be sharded automatically; "
-                    f"{_HINT} (e.g. DistributedSampler, or your sampler restricted to this rank's indices).")
 
 
 def _public_fields(dataloader: DataLoader) -> dict[str, Any]:

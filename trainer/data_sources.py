@@ -153,8 +153,9 @@ class DataSources:
         if trainer.use_distributed_sampler:
             shuffle = _shuffles_shards(trainer, stage)
 
-            def shard(one: DataLoader) -> Any:
-                return trainer.strategy.process_dataloader(one, for_training=stage == "train", shuffle=shuffle)
+            def shard(one: DataLoader) -> Any:  # prediction keeps the loader's sampler and its order (Lightning's)
+                return trainer.strategy.process_dataloader(one, for_training=stage == "train", shuffle=shuffle,
+                                                           keep_sampler=stage == "predict")
             loaders = [_each_dataloader(loader, shard) for loader in loaders]
         self.loaders[stage] = loaders
         for key in [key for key in self.seen_batches if key[0] == stage]:

@@ -48,14 +48,13 @@ TOLERANCES = {1: Tolerance(atol=1e-6, rtol=1e-6), 2: Tolerance(atol=1e-5, rtol=1
 DELIBERATE_DIFFERENCES = {
     "telemetry": "Our Trainer adds a TelemetryMonitor callback by default (enable_telemetry=True, "
                  "docs/trainer-contract.md, trainer/callbacks/telemetry.py). Dropped from our record: the callback "
-                 "from trainer.callbacks, every 'telemetry/*' key from metric dicts and logger rows, and the "
-                 "'overlap' and 'exposed_ms' keys it puts in progress_bar_metrics (no corpus module logs those names).",
+                 "from trainer.callbacks and every 'telemetry/*' key from metric dicts and logger rows (the default "
+                 "one writes none; its figures show only in our progress bar's text, never in the metrics dicts).",
     "exactly_once_eval": "Under DDP our evaluation loaders are unpadded shards (docs/scaling.md, 'Evaluation is "
                          "exactly once'); Lightning pads with duplicates. Not normalised: every evaluation set in the "
                          "corpus has a size divisible by the world size, where both hand each rank the same "
                          "samples; an uneven set would show up as a difference, not be hidden.",
 }
-_TELEMETRY_PROGRESS_BAR_KEYS = ("overlap", "exposed_ms")
 
 # Where the oracle itself cannot answer. Lightning's `ddp_spawn` (the only Lightning launcher that
 # runs inside a test process) starts fresh workers for every stage from the launching process's
@@ -291,11 +290,10 @@ def normalise(record: RunRecord) -> RunRecord:
     """Apply DELIBERATE_DIFFERENCES["telemetry"] to our record, noting what was removed."""
     dropped: Counter[str] = Counter()
 
-    def strip(metrics: Any, progress_bar: bool = False) -> Any:
+    def strip(metrics: Any) -> Any:
         if not isinstance(metrics, dict):
             return metrics
-        extra = _TELEMETRY_PROGRESS_BAR_KEYS if progress_bar else ()
-        for key in [k for k in metrics if k.startswith("telemetry/") or k in extra]:
+        for key in [k for k in metrics if k.startswith("telemetry/")]:
             dropped[key] += 1
             del metrics[key]
         return metrics
@@ -303,7 +301,7 @@ def normalise(record: RunRecord) -> RunRecord:
     for events in record.events.values():
         for event in events:
             for name in ("callback_metrics", "logged_metrics", "progress_bar_metrics"):
-                strip((event.get("state") or {}).get(name), name == "progress_bar_metrics")
+                strip((event.get("state") or {}).get(name))
         rows = [e for e in events if e["stream"] == "logger" and e["hook"] == "log_metrics"]
         for row in rows:
             only_telemetry = all(k.startswith("telemetry/") or k == "epoch" for k in row["data"] or {})
@@ -314,7 +312,7 @@ def normalise(record: RunRecord) -> RunRecord:
                 dropped["<logger rows holding only telemetry/* and epoch>"] += 1
     for stage in record.stages:
         for name in ("callback_metrics", "logged_metrics", "progress_bar_metrics"):
-            strip(stage[name], name == "progress_bar_metrics")
+            strip(stage[name])
         if "TelemetryMonitor" in stage["callbacks"]:
             stage["callbacks"].remove("TelemetryMonitor")
             dropped["<TelemetryMonitor in trainer.callbacks>"] += 1

@@ -58,7 +58,8 @@ def test_ddp_two_processes_learns_digits(tmp_path: Path) -> None:
     assert val_acc[-1][1] >= 0.93, val_acc
     start, end = first_and_last(train_loss)
     assert end < 0.5 * start, train_loss
-    # Telemetry is on by default: phase times and overlap per logging window, one line at the end.
+    # The CLI config gives TelemetryMonitor(print_summary=True): phase times and overlap per logging window,
+    # one line at the end.
     overlap, step_ms = metrics["telemetry/overlap_pct"], metrics["telemetry/step_ms"]
     assert all(0.0 <= value <= 100.0 for _, value in overlap) and all(value > 0 for _, value in step_ms)
     assert [step for step, _ in overlap] == [step for step, _ in metrics["telemetry/exposed_comm_ms"]]

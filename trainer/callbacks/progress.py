@@ -16,6 +16,7 @@ from tqdm import tqdm
 from typing_extensions import override
 
 from trainer.callbacks.base import Callback
+from trainer.callbacks.telemetry import TelemetryMonitor
 from trainer.loops.fit_loop import validates_in_epoch
 from trainer.contract import TrainerContract
 
@@ -108,6 +109,9 @@ class TQDMProgressBar(Callback):
                 if key in trainer.callback_metrics:
                     shown = {key: _scalar(trainer.callback_metrics[key]), **shown}
                     break
+        for callback in trainer.callbacks:  # telemetry shows in the text, not in the metrics dicts
+            if isinstance(callback, TelemetryMonitor) and callback.prog_bar:
+                shown.update(callback.progress_bar_figures)
         if trainer.logger is not None and trainer.logger.version != "":
             shown["v_num"] = trainer.logger.version
         return shown

@@ -10,13 +10,16 @@ and reads the communication side from `trainer.strategy.summary()["reducer"]` (p
 `DDPStrategy`): exposed communication (waiting for all-reduce after backward ended), total
 communication, overlap = 1 - exposed / total, and the bucket plan. Every `log_every_n_steps`
 optimizer steps it computes window averages (per optimizer step, in ms; `last_report`), sends
-them to the loggers under `telemetry/` when asked to, and shows overlap % and exposed ms in the
-progress bar; at the end of fit global rank 0 prints one line for the whole run. Times are host
-times: on CUDA they show when work was issued.
+them to the loggers under `telemetry/` when asked to, and shows overlap % and exposed ms in our
+progress bar's text (`progress_bar_figures`); when asked (`print_summary=True`), global rank 0
+prints one line for the whole run at the end of fit. Times are host times: on CUDA they show when
+work was issued.
 
-The Trainer adds one by default (`enable_telemetry=True`) that does not write to the loggers,
-so a Lightning project's logs hold only what it logs; pass `callbacks=[TelemetryMonitor()]` to
-have the `telemetry/*` rows in TensorBoard, CSV or any other logger.
+The Trainer adds one by default (`enable_telemetry=True`) that writes to no logger, puts nothing in
+`trainer.progress_bar_metrics`/`callback_metrics`/`logged_metrics` and prints nothing, so what a
+Lightning program reads or prints holds only what it logged. Pass `callbacks=[TelemetryMonitor()]`
+to have the `telemetry/*` rows in TensorBoard, CSV or any other logger, and
+`TelemetryMonitor(print_summary=True)` for the `telemetry:` line at fit end.
 """
 
 from __future__ import annotations
@@ -51,13 +54,15 @@ class _Window:
 class TelemetryMonitor(Callback):
     """Per-step forward / backward / exposed communication / optimizer times and overlap %.
 
-    `prog_bar` puts `overlap` (%) and `exposed_ms` into `trainer.progress_bar_metrics`;
-    `print_summary` prints one line on global rank 0 when fit ends; `log_to_loggers` sends each
-    window's averages to every logger under `telemetry/`.
+    `prog_bar` shows `overlap` (%) and `exposed_ms` in our progress bar's text (never in the
+    Trainer's metrics dicts: those hold what the program logged); `print_summary` prints one line
+    on global rank 0 when fit ends; `log_to_loggers` sends each window's averages to every logger
+    under `telemetry/`.
     """
 
-    def __init__(self, prog_bar: bool = True, print_summary: bool = True, log_to_loggers: bool = True) -> None:
+    def __init__(self, prog_bar: bool = True, print_summary: bool = False, log_to_loggers: bool = True) -> None:
         self.prog_bar, self.print_summary, self.log_to_loggers = prog_bar, print_summary, log_to_loggers
+        self.progress_bar_figures: dict[str, float] = {}  # what our progress bar adds to its text
         self._marks: dict[str, float] = {}
         self._window, self._fit = _Window(), _Window()
         self._comm_seen = {"synced_steps": 0, "exposed_comm_s_total": 0.0, "comm_s_total": 0.0}
@@ -124,8 +129,8 @@ class TelemetryMonitor(Callback):
         self._window = _Window()
         self.last_report = metrics
         if self.prog_bar and "overlap_pct" in metrics:
-            trainer.progress_bar_metrics["overlap"] = round(metrics["overlap_pct"], 1)
-            trainer.progress_bar_metrics["exposed_ms"] = round(metrics["exposed_comm_ms"], 2)
+            self.progress_bar_figures = {"overlap": round(metrics["overlap_pct"], 1),
+                                         "exposed_ms": round(metrics["exposed_comm_ms"], 2)}
         if trainer.is_global_zero and self.log_to_loggers:
             logged = {PREFIX + key: value for key, value in metrics.items()}
             for logger in trainer.loggers:

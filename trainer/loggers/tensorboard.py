@@ -1,4 +1,9 @@
-"""TensorBoardLogger: event files and hparams.yaml in `<save_dir>/<name>/version_N[/sub_dir]`."""
+"""TensorBoardLogger: event files and hparams.yaml in `<save_dir>/<name>/version_N[/sub_dir]`.
+
+As Lightning's: `save()` (at every stage's start and at a successful end) writes `hparams.yaml` once
+the folder exists, holding whatever hyperparameters were logged, so a module without any still gets
+an empty one; `finalize` closes the writer, and only a later write opens a new event file.
+"""
 
 from __future__ import annotations
 
@@ -105,7 +110,7 @@ class TensorBoardLogger(FileLogger):
             from torch.utils.tensorboard.summary import hparams
 
             self.log_metrics(metrics, step)
-            writer = self.experiment.file_writer
+            writer = self.experiment._get_file_writer()  # reopens a writer finalize closed
             for summary in hparams(flatten_params(params), {k: scalar(v) for k, v in metrics.items()}):
                 writer.add_summary(summary, step)
 
@@ -121,16 +126,23 @@ class TensorBoardLogger(FileLogger):
         self.experiment.add_graph(model, input_array)
 
     @override
+    @rank_zero_only
     def save(self) -> None:
         if self._experiment is not None:
             self._experiment.flush()
+        hparams_file = os.path.join(self.log_dir, self.NAME_HPARAMS_FILE)
+        if os.path.isdir(self.log_dir) and not os.path.isfile(hparams_file):
+            save_hparams_yaml(hparams_file, self.hparams)
 
     @override
+    @rank_zero_only
     def finalize(self, status: str) -> None:
         if self._experiment is not None:
-            self._experiment.flush()
+            # closed but kept: the SummaryWriter opens a new event file only if something is written
+            # later (test after fit), as Lightning's does; a stage that writes nothing leaves none
             self._experiment.close()
-            self._experiment = None  # a later write (e.g. test after fit) opens a new event file
+        if status == "success":
+            self.save()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

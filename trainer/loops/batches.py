@@ -22,6 +22,7 @@ from trainer.combined_loader import CombinedLoader
 from trainer.data_sources import overrides
 from trainer.precision import move_to_device
 from trainer.profiler import is_profiling
+from trainer.loops.step_iterator import takes_dataloader_iter
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -85,6 +86,8 @@ def iterate_limited(trainer: Trainer, loader: Any, stage: str, skip: int = 0,
     iterator = iter(batches)
     if is_profiling(trainer.profiler):
         iterator = _timed(iterator, trainer.profiler, f"{stage}_dataloader_next")
+    ahead = _fetching_ahead(trainer, stage, limit, iterator)
+    iterator = ahead or iterator
     for _ in range(skip if limit < 0 else min(skip, limit)):
         if next(iterator, _EXHAUSTED) is _EXHAUSTED:
             return
@@ -95,10 +98,46 @@ def iterate_limited(trainer: Trainer, loader: Any, stage: str, skip: int = 0,
         batch = next(iterator, _EXHAUSTED)             # runs the dataset's random transforms
         if batch is _EXHAUSTED:
             return
+        if ahead is not None:  # the next batch is fetched already: whether this one is the last is known
+            trainer.fit_run.is_last_batch = ahead.done
         batch = transfer_batch(trainer, batch, dataloader_idx)
         trainer.metric_store.current_batch_size = _batch_size(batch)
         yield batch_idx, batch
         batch_idx += 1
+
+
+class FetchAhead:
+    """An iterator that fetches one item ahead of the one it hands out, so `done` says whether that item
+    was the last: Lightning's prefetching fetcher, which tells `is_last_batch` for a training loader
+    without a length. The item ahead is fetched raw (its transfer hooks run when it is handed out)."""
+
+    def __init__(self, iterator: Iterator[Any]) -> None:
+        self._iterator, self.done = iterator, False
+        self._ahead: Any = None
+        self._started = False
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        if not self._started:
+            self._ahead, self._started = next(self._iterator, _EXHAUSTED), True
+        current = self._ahead
+        if current is _EXHAUSTED:
+            self.done = True
+            raise StopIteration
+        self._ahead = next(self._iterator, _EXHAUSTED)
+        self.done = self._ahead is _EXHAUSTED
+        return current
+
+
+def _fetching_ahead(trainer: Trainer, stage: str, limit: int, iterator: Iterator[Any]) -> FetchAhead | None:
+    """Training on a loader without a length (no batch limit either) fetches ahead, as Lightning does; a
+    `training_step(dataloader_iter)` fetches its own batches, and evaluation never needs to know."""
+    module = trainer.lightning_module
+    if stage != "train" or limit >= 0 or takes_dataloader_iter(getattr(module, "training_step", None)):
+        return None
+    return FetchAhead(iterator)
 
 
 def _timed(iterator: Iterator[Any], profiler: Any, action: str) -> Iterator[Any]:

@@ -55,12 +55,14 @@ def run_fit(trainer: Trainer, module: nn.Module, resume: ResumePoint) -> None:
         return
     train_loader = _request_train_loader(trainer)
     if trainer.num_training_batches == 0:
+        open_loader(train_loader)  # as Lightning: its iterator is built (a draw) before the batches are counted
         rank_zero_warn("The training dataloader yields no batches (an empty dataset, or drop_last with fewer samples "
                        "than batch_size per rank): nothing to train on.")
         return
     resume.skip_finished_epoch(trainer)
-    if fit_done(trainer):  # an earlier fit (or the checkpoint) reached max_epochs/max_steps: Lightning
-        return             # then runs no training at all, not even on_train_start/on_train_end
+    if fit_done(trainer):  # an earlier fit (or the checkpoint) reached max_epochs/max_steps: Lightning then runs
+        open_loader(train_loader)  # no training, not even on_train_start, but has built the loader's iterator
+        return                     # (the DataLoader's seed drawn from torch's generator): drawn and dropped here
     if validates_in_epoch(trainer):  # the first epoch validates: its loaders now (the progress bar shows them)
         _ensure_val_loaders(trainer, module)
     check_val_interval(trainer)
@@ -159,7 +161,10 @@ def _run_epoch(trainer: Trainer, module: nn.Module, train_loader: Any, batches: 
     last_idx, stopped = state.batch_in_epoch - 1, False
     for batch_idx, batch in _batches_or_steps(module, batches):
         last_idx = batch_idx
-        run.is_last_batch = batch_idx + 1 == total
+        if total != INFINITE:  # without a length, the batches were fetched ahead and told it (batches.py)
+            run.is_last_batch = batch_idx + 1 == total
+        elif isinstance(batch, StepIterator):  # the step fetches its own: known after it (below)
+            run.is_last_batch = False
         hook_batch = batch.last[0] if isinstance(batch, StepIterator) else batch
         window_end = (batch_idx + 1) % trainer.accumulate_grad_batches == 0 or batch_idx + 1 == total
         if batch is None:  # Lightning: no batch-start hook and no step; the batch's end hooks get outputs=None

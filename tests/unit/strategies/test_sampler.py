@@ -97,12 +97,76 @@ def test_unbatched_loader_is_supported() -> None:
 
 @pytest.mark.parametrize(("loader", "found"), [
     (MyLoader(DATASET), "MyLoader"),
-    (DataLoader(DATASET, sampler=WeightedRandomSampler([1.0] * 10, 10)), "WeightedRandomSampler"),
-    (DataLoader(DATASET, sampler=RandomSampler(DATASET, replacement=True)), "RandomSampler"),
-    (DataLoader(DATASET, sampler=range(10)), "range"),
+    (DataLoader(DATASET, sampler=iter(range(10))), "range_iterator"),  # no length: cannot be split
     (DataLoader(DATASET, batch_sampler=BatchSampler(SequentialSampler(DATASET), 2, False)), "BatchSampler"),
 ])
 def test_unrebuildable_loaders_raise_type_error_with_the_fix(loader: DataLoader, found: str) -> None:
     with pytest.raises(TypeError, match=found) as info:
         distribute_dataloader(loader, num_replicas=2, rank=0)
     assert "use_distributed_sampler=False" in str(info.value)
+
+
+def _draws(loader: DataLoader) -> list[int]:
+    return [int(item) for batch in loader for item in batch[0]]
+
+
+def _lightning_split(make: Any, sampler: Any, world: int, **kwargs: Any) -> list[list[int]]:
+    """What Lightning's wrapper hands each rank, each rank drawing from the same generator state."""
+    shards = []
+    for rank in range(world):
+        torch.manual_seed(11)
+        shards.append([int(index) for index in make(sampler, num_replicas=world, rank=rank, **kwargs)])
+    return shards
+
+
+def _our_split(loader: DataLoader, world: int, **kwargs: Any) -> list[list[int]]:
+    shards = []
+    for rank in range(world):
+        torch.manual_seed(11)
+        shards.append(list(distribute_dataloader(loader, world, rank, **kwargs).sampler))
+    return shards
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_weighted_sampler_is_split_as_lightnings_wrapper_splits_it(world: int) -> None:
+    """Training keeps the loader's own sampler and pads its draws (Lightning's DistributedSamplerWrapper);
+    evaluation takes every draw exactly once (our rule), in the same order."""
+    from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
+
+    weighted = WeightedRandomSampler(torch.linspace(0.1, 1.0, 10), num_samples=10)
+    loader = DataLoader(DATASET, batch_size=2, sampler=weighted)
+    lightning = _lightning_split(DistributedSamplerWrapper, weighted, world, shuffle=True, seed=4)
+    assert _our_split(loader, world, seed=4, shuffle=True) == lightning
+    unpadded = _our_split(loader, world, seed=4, pad=False, shuffle=False)
+    lightning_in_order = _lightning_split(DistributedSamplerWrapper, weighted, world, shuffle=False)
+    assert unpadded == [shard[:len(range(rank, 10, world))] for rank, shard in enumerate(lightning_in_order)]
+    assert sorted(sum(unpadded, [])) == sorted(sum((s[:len(range(r, 10, world))] for r, s in
+                                                    enumerate(lightning_in_order)), []))
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_prediction_keeps_the_loaders_sampler_as_lightning_does(shuffle: bool) -> None:
+    from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSamplerWrapper
+
+    loader = DataLoader(DATASET, batch_size=3, shuffle=shuffle)
+    lightning = _lightning_split(UnrepeatedDistributedSamplerWrapper, loader.sampler, 2, shuffle=shuffle, seed=9)
+    ours = _our_split(loader, 2, seed=9, pad=False, keep_sampler=True)
+    assert ours == lightning and sorted(ours[0] + ours[1]) == list(range(10))
+    torch.manual_seed(11)
+    before = torch.random.get_rng_state()
+    list(distribute_dataloader(loader, 2, 0, keep_sampler=True).sampler)
+    # a shuffling loader's RandomSampler drew its seed from torch's generator, as under Lightning
+    assert torch.equal(before, torch.random.get_rng_state()) is not shuffle
+
+
+def test_a_sampler_epoch_reaches_the_sampler_inside() -> None:
+    class EpochAware(SequentialSampler):
+        epoch = -1
+
+        def set_epoch(self, epoch: int) -> None:
+            self.epoch = epoch
+
+    inner = EpochAware(DATASET)
+    loader = distribute_dataloader(DataLoader(DATASET, sampler=inner), 2, 0, keep_sampler=True)
+    loader.sampler.set_epoch(3)  # type: ignore[attr-defined]
+    assert inner.epoch == 3

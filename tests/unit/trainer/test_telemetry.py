@@ -73,7 +73,26 @@ def test_window_averages_go_to_loggers_and_progress_bar(tmp_path: Path, monkeypa
         "telemetry/step_ms": 47.0, "telemetry/forward_ms": 10.0, "telemetry/backward_ms": 18.0,
         "telemetry/exposed_comm_ms": 12.0, "telemetry/comm_ms": 16.0, "telemetry/overlap_pct": 25.0,
         "telemetry/optimizer_ms": 5.0, "telemetry/buckets": 3.0, "telemetry/bucket_cap_mb": 25.0})
-    assert trainer.progress_bar_metrics == {"overlap": 25.0, "exposed_ms": 12.0}
+    # the bar's text shows them; the metrics dict a program reads holds only what it logged
+    assert callback.progress_bar_figures == {"overlap": 25.0, "exposed_ms": 12.0}
+    assert trainer.progress_bar_metrics == {}
+
+
+def test_the_progress_bar_text_shows_the_figures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainer.callbacks.progress import TQDMProgressBar
+
+    clock = _Clock()
+    monkeypatch.setattr(telemetry_module.time, "perf_counter", clock)
+    trainer, _, comm = _trainer(tmp_path, log_every=1)
+    callback = TelemetryMonitor(log_to_loggers=False)
+    trainer.callbacks.append(callback)
+    callback.on_train_start(trainer, None)
+    comm["reducer"] = _reducer_summary(1, exposed_ms=4.0, comm_ms=8.0)
+    _one_batch(trainer, callback, clock)
+    trainer.progress_bar_metrics["train_loss"] = 0.5
+    shown = TQDMProgressBar().get_metrics(trainer, None)
+    assert shown == {"train_loss": 0.5, "overlap": 50.0, "exposed_ms": 4.0, "v_num": 0}
+    assert trainer.progress_bar_metrics == {"train_loss": 0.5}
 
 
 def test_micro_batches_accumulate_into_one_optimizer_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -97,7 +116,7 @@ def test_summary_line_on_rank_zero_only(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr(telemetry_module.time, "perf_counter", clock)
     for rank in (0, 1):
         trainer, logger, comm = _trainer(tmp_path, rank=rank, log_every=50)
-        callback = TelemetryMonitor()
+        callback = TelemetryMonitor(print_summary=True)
         callback.on_train_start(trainer, None)
         for _ in range(3):
             _one_batch(trainer, callback, clock)
@@ -122,9 +141,10 @@ def test_without_a_reducer_only_compute_phases(tmp_path: Path, monkeypatch: pyte
     _one_batch(trainer, callback, clock)
     assert set(logger.metrics[0][0]) == {"telemetry/step_ms", "telemetry/forward_ms", "telemetry/backward_ms",
                                          "telemetry/optimizer_ms"}
-    assert trainer.progress_bar_metrics == {}
+    assert trainer.progress_bar_metrics == {} and callback.progress_bar_figures == {}
     callback.on_train_end(trainer, None)
-    assert trainer.printed[0].endswith("+ optimizer 5.0 (+ other)")
+    assert trainer.printed == []  # the line only when asked
+    assert callback.summary_line(trainer).endswith("+ optimizer 5.0 (+ other)")
 
 
 class Tiny(LightningModule):
@@ -143,8 +163,9 @@ class Tiny(LightningModule):
 
 @pytest.mark.parametrize("explicit", [False, True], ids=["trainer-default", "callback-given"])
 def test_real_trainer_fit_reports(tmp_path: Path, capsys: pytest.CaptureFixture[str], explicit: bool) -> None:
-    """Given as a callback, telemetry writes logger rows; the Trainer's default one (enable_telemetry)
-    only prints its line, so the loggers hold what the module logs, as under Lightning."""
+    """Given as a callback (here asking for the line), telemetry writes logger rows and prints its line;
+    the Trainer's default one (enable_telemetry) does neither, so the loggers and the output hold what
+    the module logs, as under Lightning."""
     from trainer import Trainer
 
     class Recorder(RecordingLogger):
@@ -153,7 +174,8 @@ def test_real_trainer_fit_reports(tmp_path: Path, capsys: pytest.CaptureFixture[
 
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4)), batch_size=2)
     logger = Recorder()
-    trainer = Trainer(max_steps=4, log_every_n_steps=2, callbacks=[TelemetryMonitor()] if explicit else [], logger=False,
+    given = [TelemetryMonitor(print_summary=True)] if explicit else []
+    trainer = Trainer(max_steps=4, log_every_n_steps=2, callbacks=given, logger=False,
                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                       default_root_dir=tmp_path, accelerator="cpu")
     trainer.loggers.append(logger)  # type: ignore[arg-type]  # a recorder instead of files
@@ -163,7 +185,7 @@ def test_real_trainer_fit_reports(tmp_path: Path, capsys: pytest.CaptureFixture[
         assert logger.metrics[0][0]["telemetry/step_ms"] > 0
     else:
         assert not any(key.startswith("telemetry/") for row, _ in logger.metrics for key in row)
-    assert "telemetry: 4 steps" in capsys.readouterr().out
+    assert ("telemetry: 4 steps" in capsys.readouterr().out) is explicit
 
 
 def test_skipped_none_batches_count_no_step(tmp_path: Path) -> None:
