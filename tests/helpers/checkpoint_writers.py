@@ -85,3 +85,36 @@ class FingerprintAtSave(Callback):
 
     def state_dict(self) -> dict[str, Any]:
         return {}
+
+
+class KilledMidWrite(TorchCheckpointIO):
+    """SIGKILLs its own process (rank 0, from the writer thread when saves run in the background) once
+    `after_bytes` bytes of its `save_index`-th save have reached the file: a real death in mid-write."""
+
+    def __init__(self, save_index: int, after_bytes: int) -> None:
+        self.save_index, self.after_bytes, self.saves = save_index, after_bytes, 0
+
+    def save(self, checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> None:
+        from strategies import checkpoint_io
+
+        self.saves += 1
+        if self.saves != self.save_index:
+            super().save(checkpoint, path)
+            return
+        real_dump = checkpoint_io._dump
+        checkpoint_io._dump = lambda checkpoint, handle: real_dump(checkpoint, _DieAfter(handle, self.after_bytes))
+        try:
+            super().save(checkpoint, path)
+        finally:
+            checkpoint_io._dump = real_dump
+
+
+class _DieAfter(DiskFullMidway):
+    def write(self, data: Any) -> int:
+        size = memoryview(data).nbytes
+        if size >= self.budget:
+            self.handle.write(bytes(memoryview(data).cast("B")[:self.budget]))
+            self.handle.flush()
+            os.kill(os.getpid(), 9)
+        self.budget -= size
+        return int(self.handle.write(data))
