@@ -16,7 +16,7 @@ timed region, so the synchronous figure is the save alone. Throughput is steps p
 `async` blocks against the `none` blocks (a block's time includes its saves' stalls).
 
     python -m benchmarks.checkpoint_stall                       # ~42 M parameters: ~505 MB checkpoints
-    python -m benchmarks.checkpoint_stall --width 1024 --cycles 1 --block 4 --every 2  # a quick smoke run
+    python -m benchmarks.checkpoint_stall --width 1024 --cycles 1 --block 4 --every 2 --out ''  # a smoke run
 
 Writes benchmarks/results/checkpoint_stall.json (or --out) and prints a table.
 """
@@ -81,7 +81,7 @@ class StallProbe(Callback):
         step = trainer.global_step
         mode = self.mode_of(step)
         position = (step - 1) % self.block + 1
-        if mode != "none" and position % self.every == 0:
+        if mode != "none" and (position - 1) % self.every == 0:  # from a block's first step: its writes overlap it
             self._save(trainer, step, mode)
         self.step_ends.append((step, mode, time.perf_counter()))
 
@@ -166,8 +166,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--batch", type=int, default=16, help="per process")
     parser.add_argument("--block", type=int, default=8, help="steps per block of one mode")
-    parser.add_argument("--every", type=int, default=8, help="steps between saves inside an async/sync block")
-    parser.add_argument("--cycles", type=int, default=3, help="none/async/sync cycles after the warm-up block")
+    parser.add_argument("--every", type=int, default=4, help="steps between saves inside an async/sync block")
+    parser.add_argument("--cycles", type=int, default=2, help="none/async/sync cycles after the warm-up block")
     parser.add_argument("--warmup-blocks", type=int, default=1)
     parser.add_argument("--dir", default=None, help="where checkpoints go (default: a temporary directory)")
     parser.add_argument("--out", default="benchmarks/results/checkpoint_stall.json")
