@@ -69,8 +69,8 @@ class RandomRows(Dataset):
 class StallProbe(Callback):
     """Rank 0's clock: each step's end, and each save's stall, by block and mode."""
 
-    def __init__(self, directory: str, block: int, every: int) -> None:
-        self.directory, self.block, self.every = directory, block, every
+    def __init__(self, directory: str, block: int, every: int, warmup_blocks: int) -> None:
+        self.directory, self.block, self.every, self.warmup_steps = directory, block, every, block * warmup_blocks
         self.step_ends: list[tuple[int, str, float]] = []
         self.saves: list[dict[str, Any]] = []
 
@@ -81,7 +81,10 @@ class StallProbe(Callback):
         step = trainer.global_step
         mode = self.mode_of(step)
         position = (step - 1) % self.block + 1
-        if mode != "none" and (position - 1) % self.every == 0:  # from a block's first step: its writes overlap it
+        if step <= self.warmup_steps:  # one untimed save of each kind: snapshot buffers allocated, files exist
+            if step in (1, 1 + self.every):
+                self._save(trainer, step, "async" if step == 1 else "sync")
+        elif mode != "none" and (position - 1) % self.every == 0:  # from a block's first step: writes overlap it
             self._save(trainer, step, mode)
         self.step_ends.append((step, mode, time.perf_counter()))
 
@@ -164,9 +167,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--width", type=int, default=3328)
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--batch", type=int, default=16, help="per process")
-    parser.add_argument("--block", type=int, default=8, help="steps per block of one mode")
-    parser.add_argument("--every", type=int, default=4, help="steps between saves inside an async/sync block")
+    parser.add_argument("--batch", type=int, default=2, help="per process")
+    parser.add_argument("--block", type=int, default=4, help="steps per block of one mode")
+    parser.add_argument("--every", type=int, default=2, help="steps between saves inside an async/sync block")
     parser.add_argument("--cycles", type=int, default=2, help="none/async/sync cycles after the warm-up block")
     parser.add_argument("--warmup-blocks", type=int, default=1)
     parser.add_argument("--dir", default=None, help="where checkpoints go (default: a temporary directory)")
@@ -175,7 +178,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.loadavg_before = list(os.getloadavg())
     steps = args.block * (args.warmup_blocks + len(MODES) * args.cycles)
     with tempfile.TemporaryDirectory(dir=args.dir) as directory:
-        probe = StallProbe(directory, args.block, args.every)
+        probe = StallProbe(directory, args.block, args.every, args.warmup_blocks)
         trainer = Trainer(accelerator="cpu", devices=2, strategy=DDPStrategy(), max_steps=steps, logger=False,
                           enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                           enable_telemetry=False, callbacks=[probe], default_root_dir=directory)

@@ -67,9 +67,8 @@ class LightningBackgroundCheckpointIO:
             self._writer.after_commit(lambda: self._io.remove(path))
 
     def teardown(self) -> None:
-        writer, self._writer = self._writer, None
-        if writer is not None:
-            writer.close()
+        if self._writer is not None:
+            self._writer.close()  # kept, idle: its counters stay readable, the next stage reuses it
         teardown = getattr(self.checkpoint_io, "teardown", None)
         if callable(teardown):
             teardown()

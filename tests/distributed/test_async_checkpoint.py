@@ -152,3 +152,62 @@ def _ForeignIO(plugins: Any) -> Any:
         pass
 
     return ForeignIO()
+
+
+def test_the_hydra_key_reaches_the_strategy() -> None:
+    from hydra import compose, initialize_config_dir
+
+    from trainer.cli import command as cli
+
+    with initialize_config_dir(config_dir=cli.config_dir(), version_base="1.3"):
+        for choice, extra in (("ddp", []), ("single", ["trainer.devices=1"])):
+            cfg = compose(config_name="config", overrides=[f"strategy={choice}", "strategy.async_checkpoint=true",
+                                                           *extra, "paths.output_dir=/tmp/unused"])
+            assert cli.construct("strategy", cfg.strategy).async_checkpoint is True
+            default = compose(config_name="config", overrides=[f"strategy={choice}", *extra,
+                                                               "paths.output_dir=/tmp/unused"])
+            assert cli.construct("strategy", default.strategy).async_checkpoint is False
+
+
+def test_lightning_ddp_strategy_writes_in_the_background_inside_lightnings_trainer(tmp_path: Path) -> None:
+    """Our plug-in in Lightning's own Trainer: each file equals the checkpoint dict at its save although the
+    writer (Lightning's TorchCheckpointIO, slowed down) runs after later steps, and top-k rotation left one."""
+    lp = pytest.importorskip("lightning.pytorch")
+    from lightning.pytorch.plugins import TorchCheckpointIO as LightningTorchIO
+
+    from strategies.lightning.unified import LightningDDPStrategy
+    from tests.helpers.lightning_unified import UnifiedRegressor
+
+    class SlowLightningIO(LightningTorchIO):
+        def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+            import time
+
+            time.sleep(0.1)
+            super().save_checkpoint(checkpoint, path, storage_options)
+
+    class Recorder(lp.Callback):
+        def __init__(self) -> None:
+            self.by_step: dict[int, Any] = {}
+
+        def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+            self.by_step[trainer.global_step] = fingerprint(checkpoint)
+
+    lp.seed_everything(0, verbose=False)
+    recorder = Recorder()
+    strategy = LightningDDPStrategy(async_checkpoint=True, checkpoint_io=SlowLightningIO())
+    every = lp.callbacks.ModelCheckpoint(dirpath=tmp_path / "all", every_n_train_steps=1, save_top_k=-1,
+                                         filename="{step}")
+    trainer = lp.Trainer(accelerator="cpu", devices=1, strategy=strategy, max_steps=5, logger=False,
+                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+                         callbacks=[recorder, every])
+    try:
+        trainer.fit(UnifiedRegressor())
+    finally:
+        if torch.distributed.is_initialized():  # Lightning keeps its group of one after fit
+            torch.distributed.destroy_process_group()
+    files = sorted((tmp_path / "all").glob("*.ckpt"))
+    assert len(files) == 5 == len(recorder.by_step)
+    for path in files:
+        written = torch.load(path, weights_only=False)
+        assert fingerprint(written) == recorder.by_step[written["global_step"]], path.name
+    assert trainer.strategy.checkpoint_io.stats.waits > 0  # a write slower than a step: counted
