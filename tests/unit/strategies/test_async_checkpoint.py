@@ -144,3 +144,14 @@ def test_a_strategy_with_a_writer_still_pickles_and_the_switch_is_checked() -> N
     assert copy.async_checkpoint is True and copy._checkpoint_writer is None
     with pytest.raises(TypeError, match="async_checkpoint must be True or False"):
         SingleDeviceStrategy(async_checkpoint="yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_the_snapshot_is_pinned_and_ordered_before_the_next_step() -> None:
+    weight = torch.randn(1 << 20, device="cuda")
+    expected = weight.cpu()
+    snapshot = CheckpointSnapshot()
+    copied = snapshot.take({"w": weight})
+    weight.add_(1)  # queued after the non-blocking copy on the same stream: the copy still reads the old values
+    snapshot.ready()
+    assert copied["w"].is_pinned() and torch.equal(copied["w"], expected)
