@@ -68,8 +68,9 @@ def test_resume_from_a_background_checkpoint_trains_on_exactly(tmp_path: Path) -
 
 
 class _LockDirectoryAfterFirstSave(Callback):
-    """Rank 0, at step 2 before its save, once step 1's checkpoint is on disk: the directory becomes unwritable (a real refusal by the
-    file system: `chattr +i` as root, whom permission bits do not stop; read-only bits otherwise)."""
+    """Rank 0, at step 2 before its save, once step 1's checkpoint is on disk: the directory becomes unwritable
+    (a real refusal by the file system: `chattr +i` as root, whom permission bits do not stop; read-only bits
+    otherwise)."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
