@@ -35,6 +35,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from strategies import process_group
+from strategies.async_checkpoint import BackgroundCheckpointWriter, CheckpointSaveStats
 from strategies.checkpoint_io import CheckpointIO, TorchCheckpointIO
 from strategies.hang_guard import LEDGER
 from strategies.preemption import PreemptionPolicy, PreemptionWatch, next_fit_key
@@ -101,9 +102,14 @@ class Strategy(abc.ABC):
     """
 
     def __init__(self, accelerator: str = "auto", checkpoint_io: CheckpointIO | None = None,
-                 preemption: PreemptionPolicy | dict[str, Any] | bool | None = None) -> None:
+                 preemption: PreemptionPolicy | dict[str, Any] | bool | None = None,
+                 async_checkpoint: bool = False) -> None:
+        if not isinstance(async_checkpoint, bool):
+            raise TypeError(f"async_checkpoint must be True or False, got {async_checkpoint!r}.")
         self.accelerator = accelerator
         self.checkpoint_io = checkpoint_io or TorchCheckpointIO()
+        self.async_checkpoint = async_checkpoint
+        self._checkpoint_writer: BackgroundCheckpointWriter | None = None  # rank 0, from its first background save
         self.preemption = PreemptionPolicy.from_argument(preemption)
         self.devices = 1
         self.num_nodes = 1
@@ -176,6 +182,7 @@ class Strategy(abc.ABC):
 
     def training_step(self, module: nn.Module, *args: Any, **kwargs: Any) -> Any:
         """Run `module.training_step`; a distributed strategy syncs buffers first (like DDP's forward)."""
+        self.raise_failed_checkpoint_write()
         step: Callable[..., Any] = getattr(module, "training_step")
         return step(*args, **kwargs)
 
@@ -185,7 +192,11 @@ class Strategy(abc.ABC):
         return getattr(module, step_name)(*args)
 
     def teardown(self) -> None:
-        """Release what `setup_environment`/`setup_module` acquired. Safe to call twice."""
+        """Release what `setup_environment`/`setup_module` acquired. Safe to call twice. A checkpoint still
+        being written in the background is finished first (its error raised, or logged when the stage
+        is already failing)."""
+        if self._checkpoint_writer is not None:
+            self._checkpoint_writer.close()  # kept, idle: its counters stay readable, the next stage reuses it
 
     def compile_context(self, dynamo_ctx: Any) -> Any:
         """The dynamo context a `torch.compile`d module's code runs under with this strategy; the
@@ -283,12 +294,52 @@ class Strategy(abc.ABC):
             yield
 
     # ------------------------------------------------------------------ checkpoints
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> None:
-        """Every rank calls; global rank 0 writes atomically; everyone waits for the write."""
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike[str],
+                        background: bool = False) -> None:
+        """Every rank calls; global rank 0 writes atomically; everyone waits for the write. With
+        `background=True` rank 0 copies the state (strategies/checkpoint_snapshot.py) and writes that
+        copy on a thread (strategies/async_checkpoint.py): everyone waits only for the copy. Either
+        way the previous background write is finished first (one in flight; files land in order)."""
         if self.is_global_zero:
             with self.local_work(f"saving checkpoint {path}"):
-                self.checkpoint_io.save(checkpoint, path)
+                if background:
+                    self._background_writer().submit(checkpoint, os.fspath(path))
+                else:
+                    self.finish_checkpoints()
+                    self.checkpoint_io.save(checkpoint, path)
         self.barrier("save_checkpoint")
+
+    def finish_checkpoints(self) -> None:
+        """Return once no checkpoint is being written in the background; raise the error of one that
+        failed (naming the file). Only global rank 0 writes, so only there it may wait."""
+        if self._checkpoint_writer is not None:
+            with self.local_work("finishing a checkpoint write"):  # the other ranks may wait meanwhile
+                self._checkpoint_writer.wait()
+
+    def raise_failed_checkpoint_write(self) -> None:
+        """Raise the error of a background checkpoint write that failed (cheap: called every step)."""
+        if self._checkpoint_writer is not None:
+            self._checkpoint_writer.raise_if_failed()
+
+    def after_checkpoint_written(self, action: Callable[[], None]) -> None:
+        """Global rank 0: run `action` once the checkpoint being written in the background is on disk,
+        now when none is; never if that write fails (what `action` replaces must then stay)."""
+        if self._checkpoint_writer is not None:
+            self._checkpoint_writer.after_commit(action)
+        else:
+            action()
+
+    @property
+    def checkpoint_stats(self) -> CheckpointSaveStats:
+        """Background saves so far on this rank: count, waits for the previous write, stall times."""
+        writer = self._checkpoint_writer
+        return writer.stats if writer is not None else CheckpointSaveStats()
+
+    def _background_writer(self) -> BackgroundCheckpointWriter:
+        if self._checkpoint_writer is None or self._checkpoint_writer.checkpoint_io is not self.checkpoint_io:
+            self.finish_checkpoints()
+            self._checkpoint_writer = BackgroundCheckpointWriter(self.checkpoint_io)
+        return self._checkpoint_writer
 
     def load_checkpoint(self, path: str | os.PathLike[str], weights_only: bool = True) -> dict[str, Any]:
         """Every rank reads the file itself (weights only, which never executes pickled code, unless
@@ -300,8 +351,10 @@ class Strategy(abc.ABC):
         return self.checkpoint_io.load(path, map_location="cpu", weights_only=False)
 
     def remove_checkpoint(self, path: str | os.PathLike[str]) -> None:
+        """Every rank calls; global rank 0 removes the file once a checkpoint being written in the
+        background is committed (a top-k or `last` rotation never leaves no complete checkpoint)."""
         if self.is_global_zero:
-            self.checkpoint_io.remove(path)
+            self.after_checkpoint_written(lambda: self.checkpoint_io.remove(path))
         self.barrier("remove_checkpoint")
 
     # ------------------------------------------------------------------ state in checkpoints
@@ -316,4 +369,11 @@ class Strategy(abc.ABC):
     # ------------------------------------------------------------------ reporting
     def summary(self) -> dict[str, Any]:
         """Facts worth logging about the strategy (bucket plan, overlap, ...)."""
-        return {"strategy": type(self).__name__, "world_size": self.world_size}
+        facts: dict[str, Any] = {"strategy": type(self).__name__, "world_size": self.world_size}
+        if self.async_checkpoint or self._checkpoint_writer is not None:  # background saves: what they cost
+            facts["checkpoint_saves"] = self.checkpoint_stats.as_dict()
+        return facts
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy for another process: configuration only (the writer's thread stays with this process).
+        return {**self.__dict__, "_checkpoint_writer": None}

@@ -56,6 +56,8 @@ class DDPStrategy(Strategy):
     step, rank 0 writes one checkpoint, the processes exit with code 75. False turns it off.
     `start_method` starts local workers from a forkserver that imports torch once for all of them
     ("forkserver", where the platform has it) or has each import it ("spawn").
+    `async_checkpoint=True` makes ModelCheckpoint's saves copy the state on rank 0 and write it on a
+    thread, still atomically (strategies/async_checkpoint.py); off by default (docs/checkpoints.md).
     """
 
     bucket_cap_mb = option_property("bucket_cap_mb")
@@ -74,8 +76,10 @@ class DDPStrategy(Strategy):
                  checkpoint_io: CheckpointIO | None = None, stall_timeout: float | None = 25.0,
                  debug_collectives: bool = False, transport: str = "auto",
                  start_method: str = "forkserver",
-                 preemption: PreemptionPolicy | dict[str, Any] | bool | None = None) -> None:
-        super().__init__(accelerator=accelerator, checkpoint_io=checkpoint_io, preemption=preemption)
+                 preemption: PreemptionPolicy | dict[str, Any] | bool | None = None,
+                 async_checkpoint: bool = False) -> None:
+        super().__init__(accelerator=accelerator, checkpoint_io=checkpoint_io, preemption=preemption,
+                         async_checkpoint=async_checkpoint)
         options = ReducerOptions(bucket_cap_mb, first_bucket_cap_mb, gradient_as_bucket_view, comm_hook,
                                  find_unused_parameters, broadcast_buffers, transport)  # names a bad value's argument
         if stall_timeout is not None:
@@ -212,6 +216,7 @@ class DDPStrategy(Strategy):
 
     @override
     def training_step(self, module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        self.raise_failed_checkpoint_write()
         return self._forward(module, "training_step", *args, **kwargs)
 
     @override
@@ -248,6 +253,7 @@ class DDPStrategy(Strategy):
         if self._owns_process_group and not processes_outlive_stages():
             process_group.destroy_process_group()
             self._owns_process_group = False
+        super().teardown()  # a checkpoint still being written in the background
 
     # ------------------------------------------------------------------ gradients
     @override
@@ -353,5 +359,5 @@ class DDPStrategy(Strategy):
 
     def __getstate__(self) -> dict[str, Any]:
         # Only configuration travels to the workers; per-process state is rebuilt there.
-        return {**self.__dict__, "_environment": None, "_reducer": None, "_tuning": None,
+        return {**super().__getstate__(), "_environment": None, "_reducer": None, "_tuning": None,
                 "_owns_process_group": False, "_hang_guard": None}

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from strategies import Strategy, resolve_strategy
+from trainer.checkpoint_plugins import async_checkpoint_from_plugins
 from trainer.callbacks.dispatch import (CallbackList, adopt_callback, checkpoints_last, is_checkpoint,
                                        is_model_summary, is_progress_bar)
 from trainer.loggers.base import DummyLogger, is_logger
@@ -18,9 +19,13 @@ from trainer.validation import as_items
 
 
 def build_strategy(args: dict[str, Any]) -> Strategy:
-    """The strategy named or given, configured for the accelerator, devices and nodes asked for."""
+    """The strategy named or given, configured for the accelerator, devices and nodes asked for (and
+    for background checkpoint writes when `plugins` holds Lightning's AsyncCheckpointIO)."""
+    async_checkpoint = async_checkpoint_from_plugins(args["plugins"])
     strategy = resolve_strategy(args["strategy"], args["num_devices"], args["num_nodes"],
                                 sync_batchnorm=args["sync_batchnorm"])
+    if async_checkpoint:
+        strategy.async_checkpoint = True
     accelerator = args["accelerator"]
     strategy.configure(accelerator=None if accelerator == "auto" else accelerator, devices=args["num_devices"],
                        num_nodes=args["num_nodes"])

@@ -159,8 +159,8 @@ class TrainerContract(Protocol):
     def progress_bar_callback(self) -> Any: ...
 
     def save_checkpoint(self, filepath: str | os.PathLike[str], weights_only: bool = False,
-                        storage_options: Any = None) -> None:
-        """Collective: every rank calls it; global rank 0 writes."""
+                        storage_options: Any = None, *, background: bool = False) -> None:
+        """Collective: every rank calls it; global rank 0 writes (`background=True`: on a thread)."""
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """Print on global rank 0 only."""

@@ -202,6 +202,7 @@ def _fit_watched(trainer: Trainer, module: nn.Module, ckpt: CheckpointRequest) -
     module.zero_grad()
     with torch.autograd.set_detect_anomaly(trainer.detect_anomaly):
         run_fit(trainer, module, resume)
+    trainer.strategy.finish_checkpoints()  # a background write's error is the fit's, before on_fit_end
     callbacks.call("on_fit_end", trainer, module)
     discard_if_consumed(trainer)
     _finalize_loggers(trainer, "success")

@@ -209,8 +209,11 @@ class Trainer:
 
     # ------------------------------------------------------------------ used by loops and callbacks
     def save_checkpoint(self, filepath: str | os.PathLike[str], weights_only: bool = False,
-                        storage_options: Any = None) -> None:
-        """Collective: every rank calls it; global rank 0 writes atomically; all wait."""
+                        storage_options: Any = None, *, background: bool = False) -> None:
+        """Collective: every rank calls it; global rank 0 writes atomically; all wait. It returns with the
+        file complete, as Lightning's; `background=True` (ours) returns once the state is copied and writes
+        the file on a thread (what `async_checkpoint=True` does for ModelCheckpoint): a failed write raises
+        at the next step or at fit end."""
         if self.lightning_module is None:
             raise RuntimeError("save_checkpoint() needs a model attached: call it during or after fit().")
         if storage_options is not None:
@@ -220,7 +223,10 @@ class Trainer:
         with self.profiler.profile("save_checkpoint"):
             module = self.strategy.unwrap(self.lightning_module)
             checkpoint = build_checkpoint(self, module, weights_only)
-            self.strategy.save_checkpoint(checkpoint, filepath)
+            if background:
+                self.strategy.save_checkpoint(checkpoint, filepath, background=True)
+            else:  # a strategy written before `background` existed takes (checkpoint, path)
+                self.strategy.save_checkpoint(checkpoint, filepath)
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         if self.is_global_zero:

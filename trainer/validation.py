@@ -35,8 +35,7 @@ _DEFAULTS = {"precision": "32-true", "logger": True, "enable_checkpointing": Tru
              "enable_model_summary": True, "log_every_n_steps": 50, "num_sanity_val_steps": 2,
              "val_check_interval": 1.0, "limit_train_batches": 1.0, "limit_val_batches": 1.0,
              "limit_test_batches": 1.0, "limit_predict_batches": 1.0, "gradient_clip_algorithm": None}
-_UNSUPPORTED = {
-    "plugins": "pass precision=... for precision and a Strategy(checkpoint_io=...) for checkpoint I/O",
+_UNSUPPORTED = {  # (`plugins`: trainer/checkpoint_plugins.py takes Lightning's AsyncCheckpointIO)
     "model_registry": "upload checkpoints from ModelCheckpoint's dirpath yourself",
 }
 

@@ -23,6 +23,7 @@ from torch import nn
 from torch.distributed.constants import default_pg_timeout
 from typing_extensions import override
 
+from strategies.async_checkpoint_lightning import LightningBackgroundCheckpointIO
 from strategies.autotune import reducer_summary
 from strategies.comm_hooks import CommHook
 from strategies.compile import split_lightning_compiled
@@ -108,7 +109,10 @@ def build_strategy_class(base: type[Any], module: str) -> type[Any]:
                      cluster_environment: Any = None, checkpoint_io: Any = None, precision_plugin: Any = None,
                      process_group_backend: str | None = None, timeout: timedelta | None = default_pg_timeout,
                      start_method: str = "popen",
-                     preemption: PreemptionPolicy | dict[str, Any] | bool | None = None) -> None:
+                     preemption: PreemptionPolicy | dict[str, Any] | bool | None = None,
+                     async_checkpoint: bool = False) -> None:
+            if async_checkpoint:  # ours: snapshot, then write on a thread (strategies/async_checkpoint_lightning.py)
+                checkpoint_io = LightningBackgroundCheckpointIO(checkpoint_io)
             self._preemption = LightningPreemption(PreemptionPolicy.from_argument(preemption))
             self.reducer_options = ReducerOptions(bucket_cap_mb, first_bucket_cap_mb, gradient_as_bucket_view,
                                                   comm_hook, find_unused_parameters, broadcast_buffers, transport)

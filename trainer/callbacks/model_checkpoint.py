@@ -239,7 +239,10 @@ class ModelCheckpoint(Callback):
             self.load_state_dict(plan["state"])
             self._last_checkpoint_saved = plan["newest"]
         for path in plan["save"]:
-            trainer.save_checkpoint(path, self.save_weights_only)
+            if trainer.strategy.async_checkpoint:  # copy now, write on a thread (strategies/async_checkpoint.py)
+                trainer.save_checkpoint(path, self.save_weights_only, background=True)
+            else:
+                trainer.save_checkpoint(path, self.save_weights_only)
             self._last_global_step_saved = trainer.global_step
             self._tell_loggers(trainer)
         if plan.get("link"):
@@ -295,8 +298,8 @@ class ModelCheckpoint(Callback):
     def _link_checkpoint(trainer: TrainerContract, filepath: str, linkpath: str) -> None:
         """save_last="link": `last.ckpt` becomes a link to the newest checkpoint, made on global rank 0;
         every rank waits for it."""
-        if trainer.is_global_zero:
-            replace_with_link(filepath, linkpath)
+        if trainer.is_global_zero:  # once `filepath` is on disk (it may still be written in the background)
+            trainer.strategy.after_checkpoint_written(lambda: replace_with_link(filepath, linkpath))
         trainer.strategy.barrier("ModelCheckpoint link")
 
     def _find_last_checkpoints(self, trainer: TrainerContract) -> set[str]:
