@@ -102,7 +102,11 @@ def main() -> None:
                 with tempfile.TemporaryDirectory(prefix="trainer-start-") as work:
                     load = os.getloadavg()[0]
                     started = time.perf_counter()
-                    figures = measure(contender, Path(work), args.threads)
+                    try:
+                        figures = measure(contender, Path(work), args.threads)
+                    except (RuntimeError, subprocess.TimeoutExpired) as error:  # recorded, the other runs go on
+                        print(f"{name}/{contender} failed: {error}", file=sys.stderr, flush=True)
+                        continue
                     runs.append({"scenario": name, "contender": contender, "round": round_index, "load1": load,
                                  "wall_s": time.perf_counter() - started, **figures})
                     print(json.dumps(runs[-1]), flush=True)

@@ -2,8 +2,10 @@
 
 A forked rank inherits the caller's objects as they are: nothing is pickled (a module holding a lock,
 a datamodule holding a socket, a callback holding a generator all train) and nothing is imported
-again; only the stage's process group is made. The rank runs the stage, answers, and ends. The
-launcher forks only where that is safe (`fork_blocker`): the platform has fork, CUDA is neither
+again; only the stage's process group is made. After that stage the ranks stay, with their group, as
+the process's worker pool: a later stage whose work pickles (test after fit, the next Trainer) is sent
+to them as to any pool, and one whose work does not is forked afresh. The launcher forks only where
+that is safe (`fork_blocker`): the platform has fork, CUDA is neither
 initialised in the caller nor wanted by the stage, and each rank runs one CPU thread (a process
 forked after OpenMP's threads ran hangs in its first multi-threaded op). Elsewhere the process's
 shared worker pool serves the stage (strategies/worker_pool.py).
@@ -60,12 +62,14 @@ def _cuda_in_use() -> bool:
 
 
 class ForkedRanks(WorkerPool):
-    """Ranks 1..`nprocs`-1 of one stage, forked now with `work` (the caller's own objects); `run`
-    runs the stage with this process as rank 0 and the ranks end with it."""
+    """Ranks 1..`nprocs`-1 forked now with `work` (the caller's own objects) as their first stage,
+    which `run_stage` runs with this process as rank 0; afterwards they serve as a pool's workers
+    (`run`, the work pickled) until closed."""
 
-    def __init__(self, nprocs: int, work: Work, restart_count: int, notice_signals: tuple[str, ...]) -> None:
+    def __init__(self, nprocs: int, work: Work, restart_count: int, notice_signals: tuple[str, ...],
+                 group_generation: int) -> None:
         self._work = work
-        self._order = Order("", {}, os.getcwd(), restart_count, notice_signals)
+        self._order = Order("", {}, os.getcwd(), restart_count, notice_signals, group_generation)
         with _quiet_fork():
             super().__init__(nprocs, "fork")
 

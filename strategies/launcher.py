@@ -42,7 +42,7 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -101,16 +101,19 @@ def launch(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...], kw
                            "Run the stages one after the other.")
     try:
         blocker = fork_blocker(nprocs, start_method, device_kind)
-        if blocker is None:
-            stop_workers()  # a pool's group in this process would be inherited by the forked ranks
-            return _attempts(strategy, fn, args, kwargs, max_restarts,
-                             lambda restart: _forked_stage(strategy, (strategy, fn, args, kwargs), nprocs, restart))
+        key = (nprocs, device_kind, "fork" if blocker is None else start_method)
         with tempfile.TemporaryDirectory(prefix="ddp-trainer-stage-") as stage_dir:
             payload_path = Path(stage_dir, "payload.pt")
-            _serialize(strategy, fn, args, kwargs, payload_path, why_not_forked=blocker)  # before rank 0 changes anything
-            key = (nprocs, device_kind, start_method)
-            return _attempts(strategy, fn, args, kwargs, max_restarts,
-                             lambda restart: _pool_stage(strategy, payload_path, key, group, restart))
+            if blocker is not None:
+                _serialize(strategy, fn, args, kwargs, payload_path, why_not_forked=blocker)  # before rank 0 runs
+            pooled = blocker is not None or (_live_pool(key) and _pickles(strategy, fn, args, kwargs, payload_path))
+
+            def start(restart: int) -> _Stage:
+                if pooled and (blocker is not None or _live_pool(key)):
+                    return _pool_stage(strategy, payload_path, key, group, restart)
+                return _forked_stage(strategy, (strategy, fn, args, kwargs), key, group, restart)
+
+            return _attempts(strategy, fn, args, kwargs, max_restarts, start)
     finally:
         _SharedPool.stage_lock.release()
 
@@ -122,18 +125,27 @@ class _Stage:
     ranks: WorkerPool
     run: Callable[[Callable[[], Any]], Any]
     generation: int = 0
-    ended: Callable[[], None] = field(default=lambda: None)  # after the stage, whether or not it failed
 
 
-def _forked_stage(strategy: Strategy, work: Any, nprocs: int, restart: int) -> _Stage:
-    ranks = ForkedRanks(nprocs, work, restart, strategy.preemption.signals)
+def _forked_stage(strategy: Strategy, work: Any, key: tuple[Any, ...], group: tuple[Any, ...],
+                  restart: int) -> _Stage:
+    """Fork ranks 1.. with the caller's objects as their first stage; they become the process's pool."""
+    stop_workers(collect_garbage=False)  # the old pool's group must not be inherited by the forked ranks
+    generation = _SharedPool.generation + 1
+    ranks = ForkedRanks(key[0], work, restart, strategy.preemption.signals, generation)
+    _SharedPool.pool, _SharedPool.key, _SharedPool.group, _SharedPool.generation = ranks, key, group, generation
+    _remember_user(strategy)
+    return _Stage(ranks, ranks.run_stage, generation)
 
-    def ended() -> None:
-        ranks.close()
-        process_group.abort_or_destroy(collect_garbage=False)  # its peers are gone; garbage goes at exit
-        _SharedPool.collect_at_exit = True
 
-    return _Stage(ranks, ranks.run_stage, 0, ended)
+def _live_pool(key: tuple[Any, ...]) -> bool:
+    pool = _SharedPool.pool
+    return pool is not None and _SharedPool.key == key and pool.alive
+
+
+def _remember_user(strategy: Strategy) -> None:
+    _SharedPool.users = [user for user in _SharedPool.users if user() is not None and user() is not strategy]
+    _SharedPool.users.append(weakref.ref(strategy))
 
 
 def _pool_stage(strategy: Strategy, payload_path: Path, key: tuple[Any, ...], group: tuple[Any, ...],
@@ -142,8 +154,7 @@ def _pool_stage(strategy: Strategy, payload_path: Path, key: tuple[Any, ...], gr
     if _SharedPool.group != group:  # another Trainer's backend or timeout: the ranks make a new group
         process_group.destroy_process_group()
         _SharedPool.group, _SharedPool.generation = group, _SharedPool.generation + 1
-    _SharedPool.users = [user for user in _SharedPool.users if user() is not None and user() is not strategy]
-    _SharedPool.users.append(weakref.ref(strategy))
+    _remember_user(strategy)
     generation, signals = _SharedPool.generation, strategy.preemption.signals
 
     def run(work_here: Callable[[], Any]) -> Any:
@@ -173,8 +184,6 @@ def _attempts(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...],
         except BaseException:
             _forget_pool(stage.ranks)  # rank 0's own error (or Ctrl-C): the ranks closed themselves
             raise
-        finally:
-            stage.ended()
         if isinstance(result, Preempted):
             # A notice to this process (rank 0 caught it itself, or it came outside the fit) means
             # the whole job is going away: no restart then.
@@ -281,23 +290,26 @@ def forward_notices(pool: WorkerPool, policy: PreemptionPolicy) -> Iterator[_Not
         restore()
 
 
-def stop_workers(strategy: Strategy | None = None) -> None:
+def stop_workers(strategy: Strategy | None = None, collect_garbage: bool = True) -> None:
     """Stop the process's worker pool (when `strategy` is given: only if it ran a stage there);
     nothing happens if there is none. This process stops being rank 0 of it: its end of the process
     group goes too. The next stage starts a fresh pool."""
     pool = _SharedPool.pool
     if pool is None or (strategy is not None and not any(user() is strategy for user in _SharedPool.users)):
         return
-    _forget_pool(pool)  # this process's end of the group first: a worker never waits on it while idle
+    _forget_pool(pool, collect_garbage)  # this process's end of the group first: a worker never waits on it
     pool.close()
 
 
-def _forget_pool(ranks: WorkerPool | None = None) -> None:
-    """No pool any more (when `ranks` is the pool, or always when None): this process holds no group with it."""
+def _forget_pool(ranks: WorkerPool | None = None, collect_garbage: bool = True) -> None:
+    """No pool any more (when `ranks` is the pool, or always when None): this process holds no group
+    with it. Without `collect_garbage` the group's leftovers are collected at exit instead (a full
+    collection takes most of a second in a process that imported torch)."""
     if ranks is None or ranks is _SharedPool.pool:
         _SharedPool.pool = _SharedPool.key = _SharedPool.group = None
         _SharedPool.users = []
-    process_group.abort_or_destroy()
+    process_group.abort_or_destroy(collect_garbage)
+    _SharedPool.collect_at_exit |= not collect_garbage
 
 
 def _leave_pool_group() -> None:
@@ -331,8 +343,19 @@ def _at_exit() -> None:
 atexit.register(_at_exit)  # after multiprocessing's own exit hook was registered: runs before it
 
 
+def _pickles(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+             path: Path) -> bool:
+    """Whether the work could be written to `path` for a pool (where forking is the alternative)."""
+    try:
+        _serialize(strategy, fn, args, kwargs, path, diagnose=False)
+    except TypeError:
+        path.unlink(missing_ok=True)
+        return False
+    return True
+
+
 def _serialize(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-               path: Path, why_not_forked: str = "") -> None:
+               path: Path, why_not_forked: str = "", diagnose: bool = True) -> None:
     """Save the work to `path` with `torch.save`, in one piece.
 
     Every worker loads its own private copy of each tensor: torch.multiprocessing, which spawn
@@ -349,6 +372,8 @@ def _serialize(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...]
         torch.save((strategy, fn, args, kwargs), path, pickle_module=cloudpickle,
                    pickle_protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as error:  # noqa: BLE001 - whatever a user's __getstate__ or __reduce__ raises
+        if not diagnose:
+            raise TypeError(str(error)) from error
         raise _unpicklable_work_error(fn, args, kwargs, error, why_not_forked) from error
 
 

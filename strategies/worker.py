@@ -85,6 +85,28 @@ def worker_main(spec: WorkerSpec, connection: Connection) -> None:
     # (the platform's default unless the user chose), not as this process was started.
     multiprocessing.set_start_method(spec.user_start_method, force=True)
     gc.freeze()  # torch, imported by now, is never garbage: Python's collections need not scan it
+    _serve(spec, connection)
+
+
+def forked_rank_main(spec: WorkerSpec, connection: Connection, order: Order,
+                     work: tuple[Strategy, Any, tuple[Any, ...], dict[str, Any]]) -> None:
+    """Entry point of a rank forked from the launching process (strategies/forked_ranks.py): its first
+    stage is `work`, the caller's own objects inherited by the fork, so nothing was pickled. Then it
+    serves later stages as a pool's worker does (their work pickled), until told to stop; multiprocessing
+    ends a forked process with `os._exit`, so the caller's exit handlers never run here."""
+    become_rank(spec)
+    try:
+        _prepare_stage(order)
+        answer = run_work(*work)
+        del work
+        connection.send_bytes(answer)
+    except BaseException:
+        _stamp_and_exit(spec)
+    _serve(spec, connection)
+
+
+def _serve(spec: WorkerSpec, connection: Connection) -> None:
+    """Run the stages the launching process sends, until it says stop or goes away."""
     try:
         while (order := _next_order(connection)) is not None:
             large = os.path.getsize(order.payload_path) >= _LARGE_PAYLOAD_BYTES  # gone once answered
@@ -96,24 +118,6 @@ def worker_main(spec: WorkerSpec, connection: Connection) -> None:
     finally:
         exiting()
         process_group.destroy_process_group()
-
-
-def forked_rank_main(spec: WorkerSpec, connection: Connection, order: Order,
-                     work: tuple[Strategy, Any, tuple[Any, ...], dict[str, Any]]) -> None:
-    """Entry point of a rank forked from the launching process for one stage (strategies/forked_ranks.py):
-    `work` is the caller's own objects, inherited by the fork, so nothing was pickled. It runs the one
-    stage, answers, and ends; multiprocessing ends a forked process with `os._exit`, so the caller's
-    exit handlers never run here."""
-    become_rank(spec)
-    try:
-        _apply_launcher_state(order)
-        hold_notices(order.notice_signals)
-        forget_held_notices()
-        connection.send_bytes(run_work(*work))
-    except BaseException:
-        _stamp_and_exit(spec)
-    finally:
-        exiting()
 
 
 def become_rank(spec: WorkerSpec) -> None:
@@ -169,14 +173,20 @@ def _next_order(connection: Connection) -> Order | None:
 def _run_order(order: Order) -> bytes:
     """Run one stage of a pool's worker and answer that it is done (rank 0, the launching process,
     has the result)."""
+    _prepare_stage(order)
+    return run_work(*load_work(order.payload_path))
+
+
+def _prepare_stage(order: Order) -> None:
+    """The launching process's state for the stage, its preemption signals held from now on (a
+    forwarded notice never kills this worker), and its process group: a new one when the order says so
+    (another Trainer's backend or timeout, or rank 0 left)."""
     _apply_launcher_state(order)
-    hold_notices(order.notice_signals)  # from now on: a forwarded notice never kills this worker
+    hold_notices(order.notice_signals)
     forget_held_notices()
     if order.group_generation != _Group.generation:
-        # Another Trainer's options (backend, timeout) or rank 0 left: this stage's group is a new one.
         process_group.destroy_process_group()
         _Group.generation = order.group_generation
-    return run_work(*load_work(order.payload_path))
 
 
 def run_work(strategy: Strategy, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
