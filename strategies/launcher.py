@@ -6,15 +6,19 @@ Rank 0 running in the calling process means the objects the user holds (module, 
 loggers, trainer) are the ones that ran: nothing comes back, nothing is copied. Ranks 1..N-1 live
 in one of two ways, chosen per stage:
 
-* Forked for the stage (strategies/forked_ranks.py), where that is safe (a platform with fork,
-  no CUDA, one CPU thread per rank): they inherit the caller's objects, as under Lightning's
-  `ddp_notebook`, so nothing is pickled and nothing imported again; they end with the stage.
-* Else a worker pool (strategies/worker_pool.py) that belongs to the process, not to one strategy:
-  every Trainer with the same world size, device kind and start method reaches the same workers,
-  which receive a pickled copy of the work at each stage's start. The pool's process group is made
-  again only when what it depends on changes (backend, timeout; the world size and the store's
-  address change with the pool). Two Trainers with different world sizes or devices get different
-  pools (the old one stops first), so they never share a group.
+* Forked from the caller (strategies/forked_ranks.py) where that is safe (a platform with fork, no
+  CUDA, one CPU thread per rank): the ranks inherit the caller's objects, as under Lightning's
+  `ddp_notebook`, so nothing is pickled and nothing imported again. They then stay, with their
+  group, as the process's pool: a later stage whose work pickles goes to them, one whose work does
+  not (a lock, a socket, a generator in it) is forked afresh.
+* Else a worker pool (strategies/worker_pool.py) started from a forkserver (or spawned), which
+  receives a pickled copy of the work at each stage's start.
+
+The pool belongs to the process, not to one strategy: every Trainer with the same world size, device
+kind and start method reaches the same ranks, and their process group is made again only when what it
+depends on changes (backend, timeout; the world size and the store's address change with the pool).
+Two Trainers with different world sizes or devices get different pools (the old one stops first), so
+they never share a group.
 
 Either way one stage runs at a time; a rank's failure ends them all and raises `WorkerFailedError`
 naming the rank (rank 0's own exception goes on as it is, after the others are stopped); this
