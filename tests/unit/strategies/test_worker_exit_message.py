@@ -63,25 +63,20 @@ def test_without_a_script_file_there_is_nothing_to_re_import(tmp_path: Path, mon
 
 
 @pytest.mark.usefixtures("jupyter_kernel")
-def test_in_a_kernel_that_forwards_stderr_the_message_points_at_the_cell(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _kernel_stderr(monkeypatch, forwards=True)
-    _started(tmp_path, 1)
+@pytest.mark.parametrize(("forwards", "where"), [
+    (True, "forwarded its stderr to this cell's output"),
+    (False, "went to the Jupyter kernel's console (the terminal or log of the process running the kernel), not to "
+            "this cell"),
+])
+def test_in_a_kernel_the_message_says_where_stderr_went_and_never_asks_for_a_main_guard(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, forwards: bool, where: str) -> None:
+    _kernel_stderr(monkeypatch, forwards)
     assert in_jupyter_kernel()
-    message = str(first_failure({1: 3}, tmp_path))
-    assert "forwarded its stderr to this cell's output" in message and GUARD not in message
-
-
-@pytest.mark.usefixtures("jupyter_kernel")
-def test_in_a_kernel_that_does_not_forward_stderr_the_message_points_at_its_console(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _kernel_stderr(monkeypatch, forwards=False)
     for started in (False, True):  # dying while starting in a kernel is no re-imported script either
         if started:
             _started(tmp_path, 1)
         message = str(first_failure({1: 3}, tmp_path))
-        assert "went to the Jupyter kernel's console" in message and "not to this cell" in message
-        assert GUARD not in message
+        assert where in message and GUARD not in message
 
 
 def test_ipykernel_imported_without_a_running_kernel_is_no_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
