@@ -110,8 +110,8 @@ def run_job(spec: JobSpec, notice: tuple[int, int] | None = None) -> JobRun:
         _kill_session(job.pid)  # so a straggler cannot disturb the next trial
     run.ended_at = ended = time.time()
     run.seconds = round(ended - started, 2)
-    if spec.path("failed_at").exists():
-        run.ended_after_fault_s = round(ended - float(spec.path("failed_at").read_text()), 2)
+    if spec.path("failed_at").exists() and (fault := float(spec.path("failed_at").read_text())) >= started:
+        run.ended_after_fault_s = round(ended - fault, 2)
     _read_result(spec, run)
     return run
 
@@ -130,11 +130,16 @@ def _send_notice(pid: int, spec: JobSpec, step: int, number: int) -> int | None:
 
 
 def _overdue(spec: JobSpec, started: float) -> bool:
-    now, stamp = time.time(), spec.path("failed_at")
+    """Hung: no end HANG_AFTER_S after a fault this job had (a requeued job's stamp is its
+    predecessor's), or JOB_LIMIT_S after its start."""
+    now = time.time()
     try:
-        return now - float(stamp.read_text()) > HANG_AFTER_S
+        fault = float(spec.path("failed_at").read_text())
     except (OSError, ValueError):
-        return now - started > JOB_LIMIT_S
+        fault = None
+    if fault is not None and fault >= started:
+        return now - fault > HANG_AFTER_S
+    return now - started > JOB_LIMIT_S
 
 
 def session_members(session: int) -> list[int]:
