@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 import torch
 
-from strategies import process_group
+from strategies import cell_sources, process_group
 from strategies.environment import LaunchingProcessEnvironment, use_launching_process_rank
 from strategies.hang_guard import LEDGER
 from strategies.notice_signals import replace_handlers
@@ -239,7 +239,7 @@ def _serialize(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...]
     storage) while unpickling: that transient copy was the largest part of a rank's peak memory.
     """
     try:
-        torch.save((strategy, fn, args, kwargs), path, pickle_module=cloudpickle,
+        torch.save((strategy, fn, args, kwargs), path, pickle_module=cell_sources,
                    pickle_protocol=pickle.HIGHEST_PROTOCOL)
     except (pickle.PicklingError, AttributeError, TypeError) as error:
         name = getattr(fn, "__qualname__", None) or repr(fn)
