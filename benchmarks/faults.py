@@ -23,9 +23,10 @@ rank alternates every len(MODES) trials). Each fault runs twice:
   ended, whether it hung (no end within 60 s), and whether any process was left.
 * `DDPStrategy(max_restarts=1)` with a checkpoint every 2 steps: the group restarts, resumes from the
   newest checkpoint by itself, and must end with the same weights as an uninterrupted run, bit for
-  bit. A fault that ends rank 0 itself (SIGKILL, or its own exception, which the strategy does not
-  restart) ends the job: the harness then requeues it as a scheduler would (`fit(ckpt_path="last")`
-  in a new process), and the requeued job must end bit-identical. Every rank must have seen the same
+  bit. A fault that ends rank 0 itself (SIGKILL, or its own exception, which the strategy passes on
+  and does not restart: `raise`, and `skip`, whose error rank 0 raises) ends the job: the harness
+  then requeues it as a scheduler would (`fit(ckpt_path="last")` in a new process), and the requeued
+  job must end bit-identical. Every rank must have seen the same
   restart count in each attempt (`TORCHELASTIC_RESTART_COUNT` as user code reads it, and
   `strategy.restart_count`).
 
@@ -130,15 +131,16 @@ def _send_notice(pid: int, spec: JobSpec, step: int, number: int) -> int | None:
 
 
 def _overdue(spec: JobSpec, started: float) -> bool:
-    """Hung: no end HANG_AFTER_S after a fault this job had (a requeued job's stamp is its
-    predecessor's), or JOB_LIMIT_S after its start."""
+    """Hung: a job without restarts that has not ended HANG_AFTER_S after its fault (a requeued job's
+    stamp is its predecessor's), or any job JOB_LIMIT_S after its start (a restarted one runs the
+    hang guard's detection, a new group's start and the rest of the fit after its fault)."""
     now = time.time()
     try:
         fault = float(spec.path("failed_at").read_text())
     except (OSError, ValueError):
         fault = None
-    if fault is not None and fault >= started:
-        return now - fault > HANG_AFTER_S
+    if spec.max_restarts == 0 and fault is not None and fault >= started and now - fault > HANG_AFTER_S:
+        return True
     return now - started > JOB_LIMIT_S
 
 
@@ -242,7 +244,9 @@ def run_trial(scenario: str, rank: int, step: int, mode: str, reference: dict[st
         trial.restarted_by = "strategy" if in_job_restart else None
         if in_job_restart:
             trial.restart_counts_seen, trial.restart_counts_agree = seen, counts_agree(seen)
-        rank0_ended = rank == 0 and mode in ("kill", "raise") and job.returncode != 0
+        # The fault ended rank 0 itself: killed, or its own exception (which the strategy passes on, never
+        # restarts: a raise, or the skip's error), not a worker failure.
+        rank0_ended = rank == 0 and job.returncode != 0 and job.exception != "WorkerFailedError"
         if rank0_ended and not job.hung:
             requeued = run_job(JobSpec(tmp, rank, step, mode, max_restarts=1, resume=True))
             trial.restarted_by, trial.error = "requeue", requeued.error
