@@ -16,8 +16,8 @@ whether it fired), so a restarted group or a requeued job runs clean.
 `--scenario crash`: one rank fails at a random step in one of four ways: SIGKILL (`kill`), an
 exception (`raise`), stuck in its own code for 10 minutes (`stall`: only the hang guard can end that
 early), or skipping the step (`skip`: `training_step` returns None on that rank alone, so it issues
-one gradient all-reduce fewer than its peer). Every mode hits rank 0 and rank 1 alike often (the
-rank alternates every len(MODES) trials). Each fault runs twice:
+one gradient all-reduce fewer than its peer). Every mode hits rank 0 and rank 1 alike often (8 trials:
+each mode on each rank; any 2 consecutive trials: both ranks). Each fault runs twice:
 
 * no restarts: the job must fail. We record how long after the fault the job's last process had
   ended, whether it hung (no end within 60 s), and whether any process was left.
@@ -368,8 +368,10 @@ def _load() -> str:
 def _crash_trials(count: int, chooser: random.Random, reference: dict[str, torch.Tensor]) -> tuple[list[Any], Any]:
     trials, first_rank = [], chooser.randrange(2)
     for trial in range(count):
-        mode = MODES[trial % len(MODES)]  # every mode alike often, on each rank alike often
-        rank, step = (first_rank + trial // len(MODES)) % 2, chooser.randrange(1, STEPS)
+        # Every mode alike often; the rank alternates, and flips its phase every len(MODES) trials, so any
+        # run has faults on both ranks and 8 trials have each mode on each rank.
+        mode = MODES[trial % len(MODES)]
+        rank, step = (first_rank + trial + trial // len(MODES)) % 2, chooser.randrange(1, STEPS)
         for scenario in ("no_restart", "restart"):
             trials.append(run_trial(scenario, rank, step, mode, reference))
             print(json.dumps(asdict(trials[-1])), flush=True)
