@@ -104,11 +104,15 @@ def in_jupyter_kernel() -> bool:
 def stderr_whereabouts() -> str:
     """Where a worker's stderr went, as a sentence. Workers write to this process's file descriptor 2.
     A Jupyter kernel forwards that descriptor to the running cell where it can (ipykernel >= 6 on Linux
-    and macOS, `capture_fd_output`); otherwise it goes to the kernel's own console, never to the cell."""
+    and macOS, `capture_fd_output`); otherwise it goes to the kernel's own console, never to the cell. A
+    rank forked from the kernel inherits the kernel's `sys.stderr` object, which sends through a pipe of
+    its own and loses what was not yet sent when the process ends with `os._exit`."""
     if not in_jupyter_kernel():
         return "Its stderr is this process's (above)."
     if getattr(sys.stderr, "_should_watch", False):  # ipykernel's OutStream: the descriptor is forwarded
-        return "The Jupyter kernel forwarded its stderr to this cell's output (above) and to the kernel's console."
+        return ("The Jupyter kernel forwarded its stderr to this cell's output (above) and to the kernel's console "
+                "(what a rank forked from the kernel printed through `sys.stderr` just before it ended at once is lost: "
+                "that goes through the kernel's own stream, which such an end never flushes).")
     return ("Its stderr went to the Jupyter kernel's console (the terminal or log of the process running the "
             "kernel), not to this cell.")
 
