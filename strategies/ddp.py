@@ -34,6 +34,7 @@ from strategies.sampler import distribute_dataloader
 
 if TYPE_CHECKING:
     from strategies.reducer import GradReducer
+    from strategies.zero import ZeroShards
 
 START_METHODS = ("forkserver", "spawn")  # how local workers start (strategies/launcher.py)
 DEBUG_COLLECTIVES_VARIABLE = "DDP_TRAINER_DEBUG_COLLECTIVES"  # =1: debug_collectives for any run
@@ -56,6 +57,8 @@ class DDPStrategy(Strategy):
     step, rank 0 writes one checkpoint, the processes exit with code 75. False turns it off.
     `start_method` starts local workers from a forkserver that imports torch once for all of them
     ("forkserver", where the platform has it) or has each import it ("spawn").
+    `zero_stage=1` shards the optimizer state: each rank keeps and steps only its even 1/N of every bucket,
+    then the updated parameters are all-gathered (strategies/zero.py); 0 (default) keeps all of it everywhere.
     """
 
     bucket_cap_mb = option_property("bucket_cap_mb")
@@ -65,6 +68,7 @@ class DDPStrategy(Strategy):
     find_unused_parameters = option_property("find_unused_parameters")
     broadcast_buffers = option_property("broadcast_buffers")
     transport = option_property("transport")
+    zero_stage = option_property("zero_stage")
 
     def __init__(self, bucket_cap_mb: float | str = 25, first_bucket_cap_mb: float = 1,
                  gradient_as_bucket_view: bool = True, comm_hook: str | Callable[..., Any] | None = None,
@@ -74,10 +78,11 @@ class DDPStrategy(Strategy):
                  checkpoint_io: CheckpointIO | None = None, stall_timeout: float | None = 25.0,
                  debug_collectives: bool = False, transport: str = "auto",
                  start_method: str = "forkserver",
-                 preemption: PreemptionPolicy | dict[str, Any] | bool | None = None) -> None:
+                 preemption: PreemptionPolicy | dict[str, Any] | bool | None = None, zero_stage: int = 0) -> None:
         super().__init__(accelerator=accelerator, checkpoint_io=checkpoint_io, preemption=preemption)
         options = ReducerOptions(bucket_cap_mb, first_bucket_cap_mb, gradient_as_bucket_view, comm_hook,
-                                 find_unused_parameters, broadcast_buffers, transport)  # names a bad value's argument
+                                 find_unused_parameters, broadcast_buffers, transport,
+                                 zero_stage)  # names a bad value's argument
         if stall_timeout is not None:
             check_positive_number("stall_timeout", stall_timeout, unit="seconds", alternative="None (the hang "
                                                                                              "guard off)")
@@ -104,6 +109,7 @@ class DDPStrategy(Strategy):
         self._environment: ClusterEnvironment | None = None
         self._reducer: GradReducer | None = None
         self._tuning: CapTuning | None = None  # bucket_cap_mb="auto" driving the reducer
+        self._zero: ZeroShards | None = None  # this rank's optimizer shards (zero_stage=1)
         self._buffers_due = True  # torch DDP's require_forward_param_sync: sync buffers at the next forward
         self._owns_process_group = False
 
@@ -202,7 +208,42 @@ class DDPStrategy(Strategy):
         self._buffers_due = True
         self._reducer, self._tuning = self.reducer_options.attach(module, timeout=self.timeout,
                                                                   adopted_mb=self._tuned_bucket_cap_mb)
+        self._zero = self._cut_shards(self._reducer)
         return module
+
+    def _cut_shards(self, reducer: GradReducer) -> ZeroShards | None:
+        """With zero_stage=1: this rank's shard of every bucket, its segments' gradients bound after each
+        synchronised pass (zero_stage=0, or one rank: None, nothing to shard)."""
+        if not self.zero_stage or self.world_size == 1:
+            return None
+        from strategies.zero import ZeroShards
+
+        shards = ZeroShards(reducer.parameters, reducer.layout, self.global_rank, self.world_size)
+        reducer.after_sync = lambda _times: shards.bind_grads()  # bucket_cap_mb="auto" (the other user) is refused
+        return shards
+
+    @override
+    def setup_optimizers(self, optimizers: list[torch.optim.Optimizer], loss_scaling: bool = False) -> None:
+        if self._zero is None:
+            return
+        if loss_scaling:
+            raise ValueError(f"zero_stage={self.zero_stage} cannot run with a loss scaler (precision='16-mixed'): each "
+                             "rank would judge overflow on its own shard and skip steps alone. Use "
+                             "precision='bf16-mixed' or '32-true', or zero_stage=0.")
+        from strategies.zero import shard_optimizer
+
+        shards = self._zero
+        sharded = [shard_optimizer(optimizer, shards) for optimizer in optimizers
+                   if any(group["params"] for group in optimizer.param_groups)]
+        if sharded:
+            sharded[0].after_first_step = lambda: shards.measure_state(optimizers)
+
+    @override
+    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        from strategies.zero import sharding_of
+
+        sharded = sharding_of(optimizer)
+        return sharded.consolidated_state_dict() if sharded is not None else optimizer.state_dict()
 
     @override
     def process_dataloader(self, dataloader: DataLoader, *, for_training: bool = True,
@@ -287,6 +328,8 @@ class DDPStrategy(Strategy):
 
     @override
     def gradient_buffers(self, grads: list[torch.Tensor]) -> list[torch.Tensor] | None:
+        if self._zero is not None:
+            return self._zero.gradient_buffers(grads)
         return self._reducer.gradient_buffers(grads) if self._reducer is not None else None
 
     @override
@@ -323,6 +366,7 @@ class DDPStrategy(Strategy):
             "backend": dist.get_backend() if dist.is_initialized() else None,
             **self.reducer_options.summary(),
             "reducer": reducer_summary(self._reducer, self._tuning) if self._reducer is not None else None,
+            "zero": self._zero.summary() if self._zero is not None else None,
         }
 
     # ------------------------------------------------------------------ helpers
@@ -353,5 +397,5 @@ class DDPStrategy(Strategy):
 
     def __getstate__(self) -> dict[str, Any]:
         # Only configuration travels to the workers; per-process state is rebuilt there.
-        return {**self.__dict__, "_environment": None, "_reducer": None, "_tuning": None,
+        return {**self.__dict__, "_environment": None, "_reducer": None, "_tuning": None, "_zero": None,
                 "_owns_process_group": False, "_hang_guard": None}
