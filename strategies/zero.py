@@ -338,12 +338,12 @@ class ShardedOptimizer:
         for group, params in zip(optimizer.param_groups, self.original_groups):
             numbers = []
             for param in params:
-                index = shards.index_of(param)
-                if index is None:
+                reduced = shards.index_of(param)
+                if reduced is None:
                     if by_tensor.get(id(param)) in local_state:  # a whole parameter every rank steps alike
                         state[number] = local_state[by_tensor[id(param)]]
-                elif index in gathered:
-                    state[number] = gathered[index]
+                elif reduced in gathered:
+                    state[number] = gathered[reduced]
                 numbers.append(number)
                 number += 1
             groups.append({**{key: value for key, value in group.items() if key != "params"}, "params": numbers})

@@ -104,3 +104,64 @@ def test_stage_two_and_auto_buckets_are_refused_with_a_reason() -> None:
     assert isinstance(strategy, DDPStrategy) and strategy.zero_stage == 1
     with pytest.raises(ValueError, match="zero_stage=2"):
         Trainer(accelerator="cpu", devices=2, strategy="ddp_zero2", logger=False)
+
+
+# ---------------------------------------------------------------------- checkpoints
+def _checkpointed(zero_stage: int, tmp_path: Path, **kwargs: Any) -> dict[str, Any]:
+    """A 2-process fit stopped after 3 steps (mid-epoch) with a checkpoint there; the checkpoint."""
+    directory = tmp_path / f"zero{zero_stage}"
+    _fit(zero_stage, directory, max_steps=3, optimizer="adam", scheduler=True,
+         callbacks=[ModelCheckpoint(dirpath=directory, every_n_train_steps=3, save_top_k=-1)], **kwargs)
+    (path,) = directory.glob("*.ckpt")
+    return {"path": str(path), **torch.load(path, weights_only=True)}
+
+
+def _assert_same_state(expected: Any, actual: Any, where: str = "") -> None:
+    if isinstance(expected, torch.Tensor):
+        assert torch.equal(expected, actual), where
+    elif isinstance(expected, dict):
+        assert set(expected) == set(actual), f"{where}: keys {sorted(expected)} vs {sorted(actual)}"
+        for key in expected:
+            _assert_same_state(expected[key], actual[key], f"{where}/{key}")
+    elif isinstance(expected, (list, tuple)):
+        assert len(expected) == len(actual), where
+        for position, (want, got) in enumerate(zip(expected, actual)):
+            _assert_same_state(want, got, f"{where}[{position}]")
+    else:
+        assert expected == actual, f"{where}: {expected!r} vs {actual!r}"
+
+
+def test_rank_0_writes_the_same_ordinary_optimizer_state_as_zero_stage_0(tmp_path: Path) -> None:
+    plain, sharded = _checkpointed(0, tmp_path), _checkpointed(1, tmp_path)
+    # Consolidated: numbered like the unsharded optimizer, every moment whole: the very dict plain DDP writes,
+    # so it loads wherever that one does (zero_stage=0, one process, another world size).
+    _assert_same_state(plain["optimizer_states"], sharded["optimizer_states"], "optimizer_states")
+    _assert_same_state(plain["state_dict"], sharded["state_dict"], "state_dict")
+    assert len(sharded["optimizer_states"][0]["state"]) == sum(1 for p in ZeroNet().parameters() if p.requires_grad)
+
+
+def test_resume_is_exact_and_loads_at_any_world_size(tmp_path: Path) -> None:
+    sharded = _checkpointed(1, tmp_path)
+    uninterrupted, _ = _fit(0, optimizer="adam", scheduler=True)
+    resumed, _ = _fit(1, tmp_path / "resumed", ckpt_path=sharded["path"], optimizer="adam", scheduler=True)
+    _assert_same_weights(uninterrupted, resumed)  # bit-identical continuation, and equal to zero_stage=0's
+    # The same file into zero_stage=0 and into one process: an ordinary checkpoint, loaded as such.
+    for devices, zero_stage in ((2, 0), (1, 0), (3, 1)):
+        model, trainer = _fit(zero_stage, tmp_path / f"load{devices}", devices=devices, ckpt_path=sharded["path"],
+                              max_steps=3, optimizer="adam", scheduler=True)  # nothing left to train: as loaded
+        _assert_same_state(sharded["state_dict"], model.state_dict(), f"weights at {devices} processes")
+        optimizer = trainer.optimizers[0]
+        saved = sharded["optimizer_states"][0]["state"]
+        sharding = getattr(optimizer, "zero_shards", None)
+        if sharding is None:
+            _assert_same_state(saved, optimizer.state_dict()["state"], f"optimizer at {devices} processes")
+            continue
+        # 3 ranks: rank 0 holds exactly its third of each moment, cut from the 2-process checkpoint
+        numbers = {id(p): n for n, p in enumerate(p for g in sharding.original_groups for p in g)}
+        for index, segment in sharding.shards.segments.items():
+            whole = saved[numbers[id(sharding.shards.params[index])]]
+            mine = optimizer.state[sharding.shards.tensors[index]]
+            for key in ("exp_avg", "exp_avg_sq"):
+                expected = whole[key].reshape(-1)[segment.start:segment.start + segment.length]
+                assert torch.equal(mine[key], expected), key
+            assert torch.equal(mine["step"], whole["step"])
