@@ -208,42 +208,26 @@ class DDPStrategy(Strategy):
         self._buffers_due = True
         self._reducer, self._tuning = self.reducer_options.attach(module, timeout=self.timeout,
                                                                   adopted_mb=self._tuned_bucket_cap_mb)
-        self._zero = self._cut_shards(self._reducer)
+        if self.zero_stage:
+            from strategies.zero import attach_shards
+
+            self._zero = attach_shards(self._reducer, self.global_rank, self.world_size)
         return module
-
-    def _cut_shards(self, reducer: GradReducer) -> ZeroShards | None:
-        """With zero_stage=1: this rank's shard of every bucket, its segments' gradients bound after each
-        synchronised pass (zero_stage=0, or one rank: None, nothing to shard)."""
-        if not self.zero_stage or self.world_size == 1:
-            return None
-        from strategies.zero import ZeroShards
-
-        shards = ZeroShards(reducer.parameters, reducer.layout, self.global_rank, self.world_size)
-        reducer.after_sync = lambda _times: shards.bind_grads()  # bucket_cap_mb="auto" (the other user) is refused
-        return shards
 
     @override
     def setup_optimizers(self, optimizers: list[torch.optim.Optimizer], loss_scaling: bool = False) -> None:
-        if self._zero is None:
-            return
-        if loss_scaling:
-            raise ValueError(f"zero_stage={self.zero_stage} cannot run with a loss scaler (precision='16-mixed'): each "
-                             "rank would judge overflow on its own shard and skip steps alone. Use "
-                             "precision='bf16-mixed' or '32-true', or zero_stage=0.")
-        from strategies.zero import shard_optimizer
+        if self._zero is not None:
+            from strategies.zero import shard_optimizers
 
-        shards = self._zero
-        sharded = [shard_optimizer(optimizer, shards) for optimizer in optimizers
-                   if any(group["params"] for group in optimizer.param_groups)]
-        if sharded:
-            sharded[0].after_first_step = lambda: shards.measure_state(optimizers)
+            shard_optimizers(optimizers, self._zero, loss_scaling)
 
     @override
     def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        from strategies.zero import sharding_of
+        if self._zero is None:
+            return optimizer.state_dict()
+        from strategies.zero import optimizer_state_dict
 
-        sharded = sharding_of(optimizer)
-        return sharded.consolidated_state_dict() if sharded is not None else optimizer.state_dict()
+        return optimizer_state_dict(optimizer)
 
     @override
     def process_dataloader(self, dataloader: DataLoader, *, for_training: bool = True,

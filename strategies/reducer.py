@@ -42,6 +42,7 @@ from strategies.buckets import BucketLayout, trainable_parameters
 from strategies.comm_hooks import CommHook, CommHookState, accepts_prescaled, resolve_comm_hook
 from strategies.graph import launch_used_map, reachable_parameter_ids
 from strategies.hang_guard import LEDGER
+from strategies.shm_transport import SharedMemoryAllReduce
 from strategies.telemetry import ReducerTelemetry, StepTimes
 
 
@@ -152,6 +153,11 @@ class GradReducer:
     def layout(self) -> BucketLayout:
         """The current buckets (the optimizer's shards are cut from them with `zero_stage` > 0)."""
         return self._layout
+
+    @property
+    def shared_memory(self) -> SharedMemoryAllReduce | None:
+        """The same-host shared-memory transport the buckets travel by, if any (ZeRO's all-gather uses it too)."""
+        return self._state.shared_memory
 
     @property
     def parameters(self) -> list[nn.Parameter]:

@@ -4,21 +4,22 @@ Adam keeps two fp32 moments per parameter; under plain DDP every rank holds all 
 reducer's buckets are padded to a multiple of the world size N, and rank r owns elements
 `[r*S, (r+1)*S)` of every bucket (S = padded length / N): even shards, cut through parameters, not
 whole parameters handed out. For each parameter, the part that falls in this rank's shard is one
-*segment*: a 1-D tensor that views a flat per-bucket copy of the weights (`ZeroShards.flat`); its
-`.grad` views the same elements of the bucket's (already averaged) gradient buffer, so giving the
-optimizer its gradients costs no copy.
+*segment*: a 1-D view of those elements of the parameter itself; its `.grad` views the same elements
+of the bucket's (already averaged) gradient buffer. So the optimizer reads its gradients and writes
+its updates with no copy, and no second copy of the weights exists (8 + 8/N bytes per parameter
+with Adam: weights, gradients, and 1/N of the two moments).
 
 The user's own optimizer object is kept and changed in place (`shard_optimizer`): each param group
 lists this rank's segments instead of the parameters, so `optimizer.param_groups` stays the user's
 dicts (lr, weight decay, betas per group; schedulers and run-time edits work as before) and
-`optimizer.state` holds only this rank's shard. Around every `optimizer.step()`:
+`optimizer.state` holds only this rank's shard. At every `optimizer.step()`:
 
-  before: the flat shards are refreshed from the parameters (whatever changed them since: a loaded
-          checkpoint, a callback, another optimizer's step), so a step never undoes such a change;
-  step:   the user's optimizer updates its segments, elementwise, exactly as it would the whole
-          parameters (the same arithmetic on the same elements);
-  after:  each bucket's shards are all-gathered (`all_gather_single`, in bucket order on every
-          rank) and copied into the parameters.
+  step:   the user's optimizer updates its segments (so the parameters' own elements), elementwise,
+          exactly as it would the whole parameters (the same arithmetic on the same elements);
+  after:  each bucket's shards are packed into one flat buffer, all-gathered (in bucket order on
+          every rank, into a reused buffer of one bucket: through the reducer's shared-memory
+          transport between CPU ranks of one host, else `all_gather_single`) and copied into the
+          parameters.
 
 Gradients still arrive by the reducer's all-reduce (gloo and the shared-memory transport on CPU, or
 nccl), so every rank holds the full averaged gradients: exactness against `zero_stage=0` is by
@@ -47,6 +48,7 @@ import torch.distributed as dist
 
 from strategies.buckets import BucketLayout
 from strategies.hang_guard import LEDGER
+from strategies.shm_transport import SharedMemoryAllReduce
 
 # torch's optimizers whose update of an element reads only that element's gradient and state (and
 # scalars shared by the whole group): a parameter cut in two steps exactly as the whole one.
@@ -68,15 +70,16 @@ class Segment:
 
 
 class ZeroShards:
-    """This rank's shard of every bucket of a reducer's `layout`: the segments the optimizers step, the flat
-    weights they view, and the gather that puts updated shards back into the parameters."""
+    """This rank's shard of every bucket of a reducer's `layout`: the segments the optimizers step (views of
+    the parameters) and the gather that brings every rank's updated shards into the parameters."""
 
     def __init__(self, params: Sequence[torch.nn.Parameter], layout: BucketLayout, rank: int, world_size: int,
-                 process_group: dist.ProcessGroup | None = None) -> None:
+                 process_group: dist.ProcessGroup | None = None, shared_memory: SharedMemoryAllReduce | None = None,
+                 ) -> None:
         self.params, self.layout = list(params), layout
         self.rank, self.world_size, self.process_group = rank, world_size, process_group
-        self.shard_numel: list[int] = []
-        self.flat: list[torch.Tensor] = []  # per bucket: this rank's copy of its shard of the weights
+        self.shared_memory = shared_memory  # CPU ranks of one host: gather through it, as the buckets travel
+        self.shard_numel: list[int] = []  # per bucket: the elements of each rank's shard (padding included)
         self.segments: dict[int, Segment] = {}  # param index -> its segment here (at most one: shards are contiguous)
         self.tensors: dict[int, torch.Tensor] = {}  # param index -> the segment the optimizer steps
         self._grad_views: dict[int, torch.Tensor] = {}  # param index -> its elements of the averaged gradients
@@ -89,17 +92,20 @@ class ZeroShards:
     def _cut(self, bucket_index: int, indexes: Sequence[int], buffer: torch.Tensor) -> None:
         size = buffer.numel() // self.world_size
         low, high = self.rank * size, (self.rank + 1) * size
-        flat = torch.zeros(size, dtype=buffer.dtype, device=buffer.device)
         self.shard_numel.append(size)
-        self.flat.append(flat)
         offset = 0
         for index in indexes:
-            numel = self.params[index].numel()
+            param = self.params[index]
+            numel = param.numel()
             first, last = max(low, offset), min(high, offset + numel)
             if last > first:
+                if not param.is_contiguous():
+                    raise ValueError(f"zero_stage=1 steps a slice of each parameter in place, so parameters must be "
+                                     f"contiguous; parameter {index} of shape {tuple(param.shape)} is not (a "
+                                     "channels_last module?). Keep the module contiguous, or use zero_stage=0.")
                 segment = Segment(index, bucket_index, first - offset, last - first, first - low)
                 self.segments[index] = segment
-                self.tensors[index] = flat[segment.offset:segment.offset + segment.length]
+                self.tensors[index] = param.detach().view(-1)[segment.start:segment.start + segment.length]
                 self._grad_views[index] = buffer[first:last]
             offset += numel
 
@@ -127,32 +133,41 @@ class ZeroShards:
             return None
         return [bucket.buffer() for bucket in self.layout.buckets]
 
-    def refresh(self, buckets: Sequence[int]) -> None:
-        """Copy the parameters' current values into this rank's flat shards of `buckets`."""
-        indexes = [index for index, segment in self.segments.items() if segment.bucket in buckets]
-        if indexes:
-            torch._foreach_copy_([self.tensors[index] for index in indexes],
-                                 [self._param_elements(index) for index in indexes])
-
     def gather(self, buckets: Sequence[int]) -> None:
-        """All-gather the updated shards of `buckets` (in order, on every rank) into the parameters."""
+        """All-gather every rank's updated shard of `buckets` (in order, on every rank) into the parameters."""
         for bucket_index in buckets:
-            flat = self.flat[bucket_index]
-            full = self._scratch_for(flat, flat.numel() * self.world_size)
-            LEDGER.begin(f"ZeRO all-gather of updated parameters, bucket {bucket_index}", flat)
+            plan, size = self.layout.plan[bucket_index], self.shard_numel[bucket_index]
+            like = self.params[plan[0]]
+            full = self._scratch_for(like, size * self.world_size)
+            mine = full[self.rank * size:(self.rank + 1) * size]
+            segments = [self.segments[index] for index in plan if index in self.segments]
+            if segments:  # my shard, packed where the bucket puts it (the padding is never read)
+                torch._foreach_copy_([mine[s.offset:s.offset + s.length] for s in segments],
+                                     [self.tensors[s.param_index] for s in segments])
+            LEDGER.begin(f"ZeRO all-gather of updated parameters, bucket {bucket_index}", mine)
             with LEDGER.waiting():
-                dist.all_gather_single(full, flat, group=self.process_group)
-            params = [self.params[index] for index in self.layout.plan[bucket_index]]
-            sources, offset = [], 0
-            for param in params:
-                sources.append(full[offset:offset + param.numel()].view(param.shape))
-                offset += param.numel()
-            with torch.no_grad():
-                torch._foreach_copy_([param.detach() for param in params], sources)
+                if self.shared_memory is not None:
+                    self.shared_memory.all_gather_async(full).wait()
+                else:
+                    dist.all_gather_single(full, mine, group=self.process_group)
+            targets, sources = self._peer_elements(plan, full)
+            if targets:
+                torch._foreach_copy_(targets, sources)
 
-    def _param_elements(self, index: int) -> torch.Tensor:
-        segment = self.segments[index]
-        return self.params[index].detach().reshape(-1)[segment.start:segment.start + segment.length]
+    def _peer_elements(self, plan: Sequence[int], full: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The parameters' elements other ranks updated (mine are already in place), and where in the gathered
+        bucket `full` their new values are: at most two pieces per parameter."""
+        targets, sources, offset = [], [], 0
+        for index in plan:
+            flat, numel = self.params[index].detach().view(-1), self.params[index].numel()
+            segment = self.segments.get(index)
+            mine = (segment.start, segment.start + segment.length) if segment is not None else (numel, numel)
+            for low, high in ((0, mine[0]), (mine[1], numel)):
+                if high > low:
+                    targets.append(flat[low:high])
+                    sources.append(full[offset + low:offset + high])
+            offset += numel
+        return targets, sources
 
     def _scratch_for(self, like: torch.Tensor, numel: int) -> torch.Tensor:
         """One reused buffer per dtype and device, as long as the largest bucket gathered so far."""
@@ -173,14 +188,14 @@ class ZeroShards:
 
     def summary(self) -> dict[str, Any]:
         """The shard layout and the bytes each rank holds (state measured after the first step)."""
-        element_bytes = [flat.element_size() for flat in self.flat]
+        element_bytes = [bucket.buffer().element_size() for bucket in self.layout.buckets]
         return {
             "zero_stage": 1,
             "shard_elements_per_bucket": list(self.shard_numel),
             "padding_elements": sum(size * self.world_size - sum(self.params[i].numel() for i in indexes)
                                     for size, indexes in zip(self.shard_numel, self.layout.plan)),
             "segments_this_rank": len(self.segments),
-            "weight_shard_bytes_per_rank": sum(n * b for n, b in zip(self.shard_numel, element_bytes)),
+            "shard_bytes_per_rank": sum(n * b for n, b in zip(self.shard_numel, element_bytes)),
             "optimizer_state_bytes_per_rank": self.state_bytes_per_rank,
             "optimizer_state_bytes_total": sum(self.state_bytes_per_rank) if self.state_bytes_per_rank else None,
         }
@@ -228,7 +243,6 @@ class ShardedOptimizer:
             self._zero_module_grads(set_to_none)
 
         optimizer.zero_grad = zero_grad  # type: ignore[method-assign]
-        optimizer.register_step_pre_hook(lambda *_: self.shards.refresh(self.buckets))
         optimizer.register_step_post_hook(lambda *_: self._after_step())
         optimizer.register_state_dict_post_hook(self._mark_shard)
         optimizer.register_load_state_dict_pre_hook(self._to_shard)
@@ -398,3 +412,50 @@ def clip_grad_norm_(optimizer: Any, parameters: list[torch.Tensor], max_norm: fl
     whole = [param.grad for group in sharded.original_groups for param in group if param.grad is not None]
     total = torch.nn.utils.get_total_norm(whole, norm_type=2.0)
     torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total)
+
+
+# ---------------------------------------------------------------------- what a strategy calls
+def attach_shards(reducer: Any, rank: int, world_size: int) -> ZeroShards | None:
+    """This rank's shard of every bucket of a `GradReducer` built with `zero_stage=1`, its segments' gradients
+    bound after each synchronised pass; None when there is nothing to shard (stage 0, or one rank)."""
+    if not reducer.zero_stage or world_size == 1:
+        return None
+    shards = ZeroShards(reducer.parameters, reducer.layout, rank, world_size, reducer.process_group,
+                        reducer.shared_memory)
+    if reducer.after_sync is not None:  # bucket_cap_mb="auto" (its only other user) is refused with ZeRO
+        raise RuntimeError("a ZeRO reducer already has an after_sync callback; bucket_cap_mb='auto' is not "
+                           "supported with zero_stage=1.")
+    reducer.after_sync = lambda _times: shards.bind_grads()
+    return shards
+
+
+def shard_optimizers(optimizers: Sequence[torch.optim.Optimizer], shards: ZeroShards, loss_scaling: bool) -> None:
+    """Shard every optimizer that has parameters (`shard_optimizer`); the first one's first step also measures
+    every rank's state bytes (`ZeroShards.summary`). `loss_scaling` (a GradScaler steps them) is refused."""
+    if loss_scaling:
+        raise ValueError("zero_stage=1 cannot run with a loss scaler (precision='16-mixed'): each rank would judge "
+                         "overflow on its own shard and skip steps alone. Use precision='bf16-mixed' or '32-true', "
+                         "or zero_stage=0.")
+    sharded = [shard_optimizer(optimizer, shards) for optimizer in optimizers
+               if any(group["params"] for group in optimizer.param_groups)]
+    if sharded:
+        sharded[0].after_first_step = lambda: shards.measure_state(optimizers)
+
+
+def optimizer_state_dict(optimizer: Any) -> dict[str, Any]:
+    """The whole state of `optimizer` for a checkpoint: consolidated on rank 0 (a collective) when sharded."""
+    sharded = sharding_of(optimizer)
+    return sharded.consolidated_state_dict() if sharded is not None else optimizer.state_dict()
+
+
+def shard_lightning_optimizers(optimizers: Sequence[torch.optim.Optimizer], shards: ZeroShards,
+                               precision_plugin: Any) -> None:
+    """`shard_optimizers` inside Lightning's Trainer (the plug-in, strategies/lightning/core.py): Lightning's
+    precision plugin clips by the norm of the optimizer's gradients, which are now a shard; its
+    `clip_grad_by_norm` is pointed at `clip_grad_norm_`, which takes the whole gradients' norm."""
+    shard_optimizers(optimizers, shards, loss_scaling=getattr(precision_plugin, "scaler", None) is not None)
+
+    def clip_grad_by_norm(optimizer: torch.optim.Optimizer, clip_val: float) -> None:
+        clip_grad_norm_(optimizer, list(precision_plugin.main_params(optimizer)), float(clip_val))
+
+    precision_plugin.clip_grad_by_norm = clip_grad_by_norm

@@ -30,6 +30,7 @@ from strategies.replicas import broadcast_tensors, check_same_parameters
 from strategies.lightning.preemption import LightningPreemption
 from strategies.preemption import PreemptionPolicy
 from strategies.reducer_options import ReducerOptions
+from strategies.zero import attach_shards, optimizer_state_dict, shard_lightning_optimizers
 
 START_METHODS = ("popen", "spawn", "fork", "forkserver")
 # Names registered in each package's StrategyRegistry, with the launcher's start method.
@@ -56,6 +57,7 @@ class ReducedModule(nn.Module):
         # follows (no grad, or inside no_sync); it decides whether the *next* forward syncs buffers.
         self.require_forward_param_sync = True
         self.reducer, self.tuning = options.attach(module, timeout=timeout)  # tuning: None unless "auto"
+        self.zero = attach_shards(self.reducer, rank, self.reducer.world_size)  # zero_stage=1: strategies/zero.py
 
     @override
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -113,10 +115,6 @@ def build_strategy_class(base: type[Any], module: str) -> type[Any]:
             self.reducer_options = ReducerOptions(bucket_cap_mb, first_bucket_cap_mb, gradient_as_bucket_view,
                                                   comm_hook, find_unused_parameters, broadcast_buffers, transport,
                                                   zero_stage)
-            if zero_stage:  # validated above; the sharded optimizer step is wired into our Trainer only so far
-                raise NotImplementedError(f"zero_stage={zero_stage} is not available inside Lightning's Trainer yet; "
-                                          "use zero_stage=0 here, or ddp-trainer's Trainer with "
-                                          "DDPStrategy(zero_stage=1).")
             if start_method not in START_METHODS:
                 raise ValueError(f"start_method={start_method!r} is not supported; expected one of {START_METHODS}.")
             super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
@@ -136,6 +134,17 @@ def build_strategy_class(base: type[Any], module: str) -> type[Any]:
                 split_lightning_compiled(model, *self.reducer_options.graph_split_caps())
             return ReducedModule(model, self.reducer_options, rank=self.global_rank,
                                  timeout=self._timeout or default_pg_timeout)
+
+        @override
+        def setup_optimizers(self, trainer: Any) -> None:
+            super().setup_optimizers(trainer)
+            reduced = self.reduced_module
+            if reduced is not None and reduced.zero is not None:
+                shard_lightning_optimizers(self.optimizers, reduced.zero, self.precision_plugin)
+
+        @override
+        def optimizer_state(self, optimizer: Any) -> dict[str, Any]:
+            return optimizer_state_dict(getattr(optimizer, "_optimizer", optimizer))  # a LightningOptimizer's own
 
         @override
         @contextlib.contextmanager
