@@ -8,6 +8,7 @@ contenders; the TelemetryMonitor stays, since it is on by default.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import torch
 
@@ -38,7 +39,7 @@ def _ensure_telemetry(trainer: Trainer) -> None:
 def main(args: argparse.Namespace) -> None:
     probe, work = Probe(args), workload(args)
     transport = {} if args.transport is None else {"transport": args.transport}  # older checkouts lack it
-    zero = {} if args.zero_stage is None else {"zero_stage": int(args.zero_stage)}  # so do they zero_stage
+    zero: dict[str, Any] = {} if args.zero_stage is None else {"zero_stage": int(args.zero_stage)}  # so do they zero_stage
     strategy = DDPStrategy(comm_hook=args.comm_hook, bucket_cap_mb=_bucket_cap(args.bucket_cap_mb), **transport,
                            **zero)
     trainer = Trainer(accelerator=args.accelerator, precision=args.precision, devices=args.devices,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -38,7 +38,8 @@ def _fit(zero_stage: int, tmp_path: Path | None = None, devices: int = 2, find_u
                       enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=bool(callbacks),
                       callbacks=callbacks, default_root_dir=tmp_path, **kwargs)
     # aot_eager: torch.compile's graph capture and compiled backward, without inductor's C++ build time
-    trainer.fit(torch.compile(model, backend="aot_eager") if compiled else model, zero_data(), ckpt_path=ckpt_path)
+    target = cast(ZeroNet, torch.compile(model, backend="aot_eager")) if compiled else model
+    trainer.fit(target, zero_data(), ckpt_path=ckpt_path)
     return model, trainer
 
 
