@@ -239,6 +239,16 @@ class Strategy(abc.ABC):
         """Skip gradient synchronisation for backward passes inside (gradient accumulation)."""
         yield
 
+    def setup_optimizers(self, optimizers: list[torch.optim.Optimizer], loss_scaling: bool = False) -> None:
+        """Prepare the optimizers `configure_optimizers` returned, after `setup_module` and before a checkpoint's
+        state is loaded into them (`loss_scaling`: a GradScaler will step them). DDP with `zero_stage=1` makes
+        each step only this rank's shard; by default they stay as they are."""
+
+    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """The optimizer's whole state for a checkpoint: every rank calls it (a strategy that shards the
+        state gathers it here, to rank 0); by default `optimizer.state_dict()`."""
+        return optimizer.state_dict()
+
     def gradient_buffers(self, grads: list[torch.Tensor]) -> list[torch.Tensor] | None:
         """A few flat tensors that hold exactly `grads` (the optimizer's gradients) when the strategy
         keeps them so, else None. A check that reads every gradient (the non-finite check) then reads

@@ -103,7 +103,7 @@ class GradBucket:
     buffer reduces the gradients in place with no copy in or out.
     """
 
-    def __init__(self, index: int, parameters: Sequence[torch.Tensor]) -> None:
+    def __init__(self, index: int, parameters: Sequence[torch.Tensor], pad_to: int = 1) -> None:
         if not parameters:
             raise ValueError(f"bucket {index} has no parameters; a plan must not contain empty buckets.")
         first = parameters[0]
@@ -114,7 +114,10 @@ class GradBucket:
         self.index = index
         self.parameters: list[torch.Tensor] = list(parameters)
         total = sum(param.numel() for param in parameters)
-        self._buffer = torch.zeros(total, dtype=first.dtype, device=first.device)
+        # ZeRO (strategies/zero.py) shards the buffer evenly over `pad_to` ranks: the tail past the
+        # gradients stays zero, so reducing it changes nothing.
+        padded = -(-total // pad_to) * pad_to
+        self._buffer = torch.zeros(padded, dtype=first.dtype, device=first.device)
         self._views: list[torch.Tensor] = []
         self._scratch: dict[torch.dtype, torch.Tensor] = {}
         self._position: dict[int, int] = {}
@@ -125,7 +128,7 @@ class GradBucket:
             offset += param.numel()
 
     def buffer(self) -> torch.Tensor:
-        """The flat 1-D gradient buffer of this bucket."""
+        """The flat 1-D gradient buffer of this bucket (with ZeRO, padded to a multiple of the ranks)."""
         return self._buffer
 
     def scratch(self, dtype: torch.dtype) -> torch.Tensor:
@@ -156,18 +159,18 @@ class GradBucket:
                 f"mib={self.nbytes / MIB:.3f}, {self._buffer.dtype}, {self._buffer.device})")
 
 
-def build_buckets(params: Sequence[torch.Tensor], plan: Iterable[Sequence[int]]) -> list[GradBucket]:
-    """Allocate one zeroed flat buffer per planned bucket."""
-    return [GradBucket(index, [params[i] for i in indexes]) for index, indexes in enumerate(plan)]
+def build_buckets(params: Sequence[torch.Tensor], plan: Iterable[Sequence[int]], pad_to: int = 1) -> list[GradBucket]:
+    """Allocate one zeroed flat buffer per planned bucket (its length a multiple of `pad_to`)."""
+    return [GradBucket(index, [params[i] for i in indexes], pad_to) for index, indexes in enumerate(plan)]
 
 
 class BucketLayout:
     """The buckets of one plan and, per parameter, its bucket and its slot (a view into that
     bucket's buffer): what the reducer looks up at every gradient hook."""
 
-    def __init__(self, params: Sequence[torch.Tensor], plan: list[list[int]]) -> None:
+    def __init__(self, params: Sequence[torch.Tensor], plan: list[list[int]], pad_to: int = 1) -> None:
         self.plan = plan
-        self.buckets = build_buckets(params, plan)
+        self.buckets = build_buckets(params, plan, pad_to)
         self.bucket_of = [0] * len(params)  # param index -> bucket index
         self.views: list[torch.Tensor] = [torch.empty(0)] * len(params)  # param index -> its slot
         for bucket_index, (indexes, bucket) in enumerate(zip(plan, self.buckets)):

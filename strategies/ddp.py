@@ -34,6 +34,7 @@ from strategies.sampler import distribute_dataloader
 
 if TYPE_CHECKING:
     from strategies.reducer import GradReducer
+    from strategies.zero import ZeroShards
 
 START_METHODS = ("forkserver", "spawn")  # how local workers start (strategies/launcher.py)
 DEBUG_COLLECTIVES_VARIABLE = "DDP_TRAINER_DEBUG_COLLECTIVES"  # =1: debug_collectives for any run
@@ -58,6 +59,8 @@ class DDPStrategy(Strategy):
     ("forkserver", where the platform has it) or has each import it ("spawn").
     `async_checkpoint=True` makes ModelCheckpoint's saves copy the state on rank 0 and write it on a
     thread, still atomically (strategies/async_checkpoint.py); off by default (docs/checkpoints.md).
+    `zero_stage=1` shards the optimizer state: each rank keeps and steps only its even 1/N of every bucket,
+    then the updated parameters are all-gathered (strategies/zero.py); 0 (default) keeps all of it everywhere.
     """
 
     bucket_cap_mb = option_property("bucket_cap_mb")
@@ -67,6 +70,7 @@ class DDPStrategy(Strategy):
     find_unused_parameters = option_property("find_unused_parameters")
     broadcast_buffers = option_property("broadcast_buffers")
     transport = option_property("transport")
+    zero_stage = option_property("zero_stage")
 
     def __init__(self, bucket_cap_mb: float | str = 25, first_bucket_cap_mb: float = 1,
                  gradient_as_bucket_view: bool = True, comm_hook: str | Callable[..., Any] | None = None,
@@ -77,11 +81,12 @@ class DDPStrategy(Strategy):
                  debug_collectives: bool = False, transport: str = "auto",
                  start_method: str = "forkserver",
                  preemption: PreemptionPolicy | dict[str, Any] | bool | None = None,
-                 async_checkpoint: bool = False) -> None:
+                 async_checkpoint: bool = False, zero_stage: int = 0) -> None:
         super().__init__(accelerator=accelerator, checkpoint_io=checkpoint_io, preemption=preemption,
                          async_checkpoint=async_checkpoint)
         options = ReducerOptions(bucket_cap_mb, first_bucket_cap_mb, gradient_as_bucket_view, comm_hook,
-                                 find_unused_parameters, broadcast_buffers, transport)  # names a bad value's argument
+                                 find_unused_parameters, broadcast_buffers, transport,
+                                 zero_stage)  # names a bad value's argument
         if stall_timeout is not None:
             check_positive_number("stall_timeout", stall_timeout, unit="seconds", alternative="None (the hang "
                                                                                              "guard off)")
@@ -108,6 +113,7 @@ class DDPStrategy(Strategy):
         self._environment: ClusterEnvironment | None = None
         self._reducer: GradReducer | None = None
         self._tuning: CapTuning | None = None  # bucket_cap_mb="auto" driving the reducer
+        self._zero: ZeroShards | None = None  # this rank's optimizer shards (zero_stage=1)
         self._buffers_due = True  # torch DDP's require_forward_param_sync: sync buffers at the next forward
         self._owns_process_group = False
 
@@ -207,7 +213,26 @@ class DDPStrategy(Strategy):
         self._buffers_due = True
         self._reducer, self._tuning = self.reducer_options.attach(module, timeout=self.timeout,
                                                                   adopted_mb=self._tuned_bucket_cap_mb)
+        if self.zero_stage:
+            from strategies.zero import attach_shards
+
+            self._zero = attach_shards(self._reducer, self.global_rank, self.world_size)
         return module
+
+    @override
+    def setup_optimizers(self, optimizers: list[torch.optim.Optimizer], loss_scaling: bool = False) -> None:
+        if self._zero is not None:
+            from strategies.zero import shard_optimizers
+
+            shard_optimizers(optimizers, self._zero, loss_scaling)
+
+    @override
+    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        if self._zero is None:
+            return optimizer.state_dict()
+        from strategies.zero import optimizer_state_dict
+
+        return optimizer_state_dict(optimizer)
 
     @override
     def process_dataloader(self, dataloader: DataLoader, *, for_training: bool = True,
@@ -294,6 +319,8 @@ class DDPStrategy(Strategy):
 
     @override
     def gradient_buffers(self, grads: list[torch.Tensor]) -> list[torch.Tensor] | None:
+        if self._zero is not None:
+            return self._zero.gradient_buffers(grads)
         return self._reducer.gradient_buffers(grads) if self._reducer is not None else None
 
     @override
@@ -330,6 +357,7 @@ class DDPStrategy(Strategy):
             "backend": dist.get_backend() if dist.is_initialized() else None,
             **self.reducer_options.summary(),
             "reducer": reducer_summary(self._reducer, self._tuning) if self._reducer is not None else None,
+            "zero": self._zero.summary() if self._zero is not None else None,
         }
 
     # ------------------------------------------------------------------ helpers
@@ -360,5 +388,5 @@ class DDPStrategy(Strategy):
 
     def __getstate__(self) -> dict[str, Any]:
         # Only configuration travels to the workers; per-process state is rebuilt there.
-        return {**super().__getstate__(), "_environment": None, "_reducer": None, "_tuning": None,
+        return {**super().__getstate__(), "_environment": None, "_reducer": None, "_tuning": None, "_zero": None,
                 "_owns_process_group": False, "_hang_guard": None}

@@ -19,7 +19,8 @@ Life of one synchronised backward pass:
 
 After the first synchronised pass the buckets are rebuilt once, in the order gradients
 actually became ready on rank 0 (broadcast, so every rank builds the same buckets): that order
-is kept by strategies/bucket_order.py.
+is kept by strategies/bucket_order.py. With `zero_stage` > 0 (strategies/zero.py) each bucket is padded to
+a multiple of the world size and the buckets are never rebuilt: the optimizer's shards are cut from them.
 `replan(bucket_cap_mb)` changes the bucket size between passes and `after_sync` gets each pass's
 times: `bucket_cap_mb="auto"` (strategies/autotune.py) uses both; timing is strategies/telemetry.py.
 """
@@ -41,6 +42,7 @@ from strategies.buckets import BucketLayout, trainable_parameters
 from strategies.comm_hooks import CommHook, CommHookState, accepts_prescaled, resolve_comm_hook
 from strategies.graph import launch_used_map, reachable_parameter_ids
 from strategies.hang_guard import LEDGER
+from strategies.shm_transport import SharedMemoryAllReduce
 from strategies.telemetry import ReducerTelemetry, StepTimes
 
 
@@ -62,7 +64,7 @@ class GradReducer:
                  bucket_cap_mb: float = 25.0, first_bucket_cap_mb: float = 1.0,
                  gradient_as_bucket_view: bool = True, comm_hook: str | CommHook | None = None,
                  find_unused_parameters: bool = False, transport: str = "auto",
-                 timeout: timedelta = timedelta(minutes=10)) -> None:
+                 timeout: timedelta = timedelta(minutes=10), zero_stage: int = 0) -> None:
         if not isinstance(module, nn.Module):
             raise TypeError(f"GradReducer expects an nn.Module; received {type(module).__name__}.")
         self._hook = resolve_comm_hook(comm_hook)
@@ -72,6 +74,7 @@ class GradReducer:
                                             prescale=accepts_prescaled(self._hook))
         self.process_group, self.world_size = process_group, self._state.world_size
         self._divisor = self.world_size if self._state.prescaled else 1  # applied while copying gradients in
+        self.zero_stage = zero_stage  # > 0: buckets padded to whole shards and kept as first planned
         self._as_view, self._find_unused = gradient_as_bucket_view, find_unused_parameters
         self.require_backward_grad_sync = True  # False inside `no_sync()`, torch DDP's name
         self._removed = self._finalized_since_mark = False
@@ -148,6 +151,21 @@ class GradReducer:
         return self._layout.buffers_holding(grads)
 
     @property
+    def layout(self) -> BucketLayout:
+        """The current buckets (the optimizer's shards are cut from them with `zero_stage` > 0)."""
+        return self._layout
+
+    @property
+    def shared_memory(self) -> SharedMemoryAllReduce | None:
+        """The same-host shared-memory transport the buckets travel by, if any (ZeRO's all-gather uses it too)."""
+        return self._state.shared_memory
+
+    @property
+    def parameters(self) -> list[nn.Parameter]:
+        """The parameters this reducer averages, by index (as in the bucket plan)."""
+        return self._params
+
+    @property
     def bucket_cap_mb(self) -> float:
         """The cap the current buckets were planned with (or, before the rebuild, will be)."""
         return self._bucket_order.cap_mb
@@ -180,7 +198,7 @@ class GradReducer:
 
     # ------------------------------------------------------------------ buckets
     def _install_buckets(self, plan: list[list[int]]) -> None:
-        self._layout = BucketLayout(self._params, plan)
+        self._layout = BucketLayout(self._params, plan, pad_to=self.world_size if self.zero_stage else 1)
         self._reset_pass()  # the pass state is per bucket
 
     def _move_to(self, plan: list[list[int]]) -> None:
@@ -294,7 +312,7 @@ class GradReducer:
             step = self._telemetry.end_step()
             self._layout.write_back(self._params, results, used, as_view=self._as_view)
             self.completed_syncs += 1
-            if not self._bucket_order.rebuilt:  # re-plan once, in rank 0's observed readiness order
+            if not self._bucket_order.rebuilt and not self.zero_stage:  # re-plan once, in rank 0's readiness order
                 self._move_to(self._bucket_order.rebuild(self._ready_order, self._layout.plan))
             self._reset_pass()
             if self.after_sync is not None:

@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class ReducerOptions:
     """`bucket_cap_mb` is a positive number of MiB or "auto" (timed during the first steps);
-    `transport` is "auto", "shared_memory" or "process_group" (strategies/shm_transport.py)."""
+    `transport` is "auto", "shared_memory" or "process_group" (strategies/shm_transport.py);
+    `zero_stage` 0 (every rank holds all optimizer state), 1 (each holds its 1/N shard: strategies/zero.py)."""
 
     bucket_cap_mb: float | str = 25.0
     first_bucket_cap_mb: float = 1.0
@@ -34,6 +35,7 @@ class ReducerOptions:
     find_unused_parameters: bool = False
     broadcast_buffers: bool = True
     transport: str = "auto"
+    zero_stage: int = 0
 
     def __post_init__(self) -> None:
         if self.bucket_cap_mb != AUTO:
@@ -45,6 +47,7 @@ class ReducerOptions:
             check_bool(name, getattr(self, name))
         resolve_comm_hook(self.comm_hook)  # names the accepted hooks on a bad value
         check_transport(self.transport)
+        check_zero_stage(self.zero_stage, self.bucket_cap_mb, self.gradient_as_bucket_view)
 
     def attach(self, module: nn.Module, *, timeout: timedelta,
                adopted_mb: float | None = None) -> tuple[GradReducer, CapTuning | None]:
@@ -56,7 +59,7 @@ class ReducerOptions:
                               first_bucket_cap_mb=self.first_bucket_cap_mb,
                               gradient_as_bucket_view=self.gradient_as_bucket_view, comm_hook=self.comm_hook,
                               find_unused_parameters=self.find_unused_parameters, transport=self.transport,
-                              timeout=timeout)
+                              timeout=timeout, zero_stage=self.zero_stage)
         return reducer, CapTuning.attach(reducer, self.bucket_cap_mb, adopted_mb=adopted_mb)
 
     def graph_split_caps(self, adopted_mb: float | None = None) -> tuple[float, float]:
@@ -83,6 +86,26 @@ def check_positive_number(name: str, value: Any, unit: str = "MiB", alternative:
         raise TypeError(f"{name}={value!r} {expected}.")
     if not float(value) > 0:
         raise ValueError(f"{name}={value!r} {expected}.")
+
+
+ZERO_STAGES = (0, 1)  # stage 2 (sharded gradients) is not implemented yet
+
+
+def check_zero_stage(zero_stage: Any, bucket_cap_mb: Any, gradient_as_bucket_view: bool) -> None:
+    """`zero_stage` is 0 or 1; with 1 the shards are cut from buckets fixed at setup (so not "auto", which
+    re-plans them) whose buffers are the gradients (`gradient_as_bucket_view`)."""
+    if isinstance(zero_stage, bool) or zero_stage not in ZERO_STAGES:
+        extra = " (stage 2, sharded gradients, is not implemented yet)" if zero_stage == 2 else ""
+        raise ValueError(f"zero_stage={zero_stage!r} is not one of {list(ZERO_STAGES)}{extra}: 0 keeps all optimizer "
+                         "state on every rank, 1 shards it over the ranks.")
+    if zero_stage == 0:
+        return
+    if bucket_cap_mb == AUTO:
+        raise ValueError(f"zero_stage={zero_stage} needs a fixed bucket_cap_mb: the optimizer's shards are cut from "
+                         "the buckets, which bucket_cap_mb='auto' re-plans. Pass a number of MiB (e.g. 25).")
+    if gradient_as_bucket_view is not True:
+        raise ValueError(f"zero_stage={zero_stage} needs gradient_as_bucket_view=True: each rank's optimizer steps "
+                         "on its shard of the bucket buffers, which must be the gradients themselves.")
 
 
 def check_bool(name: str, value: Any) -> None:

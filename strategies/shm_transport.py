@@ -16,7 +16,9 @@ How: every rank owns one region of a single file in /dev/shm, mapped by all rank
      into my slot and my piece; publish REDUCED,
   4. when all have REDUCED, copy every other chunk from its owner's slot; publish DONE.
 
-Every chunk is summed by exactly one rank, so all ranks end with bit-identical values. A flag is
+Every chunk is summed by exactly one rank, so all ranks end with bit-identical values.
+`all_gather_async` (ZeRO's gather of updated parameter shards, strategies/zero.py) runs the same
+rounds without the sum: each rank copies its piece in, then every peer's piece out (exact copies). A flag is
 written only by its owner and read by the others; x86-64's total store order makes the data
 written before a flag visible no later than the flag, which is why "auto" uses this transport
 only there. Rounds run on one worker thread per process, in the order tensors were submitted;
@@ -55,6 +57,7 @@ _LONGEST_PAUSE_S = 1e-3  # the longest sleep between two looks at a peer's flag
 _DTYPE_CODES = {dtype: code for code, dtype in enumerate(
     (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.uint8,
      torch.int8, torch.int16, torch.complex64, torch.complex128), start=1)}
+_GATHER_CODE = 32  # added to a gather round's SHAPE word (dtype codes stay below it)
 _log = logging.getLogger(__name__)
 
 
@@ -92,7 +95,7 @@ class SharedMemoryAllReduce:
                                         offset=k * stride + FLAGS_BYTES) for k in range(world_size)]
         self._generation = 0
         self._failure: BaseException | None = None
-        self._queue: queue.SimpleQueue[tuple[torch.Tensor, torch.dtype, torch.futures.Future[list[torch.Tensor]]] | None]
+        self._queue: queue.SimpleQueue[tuple[torch.Tensor, torch.dtype | None, torch.futures.Future[list[torch.Tensor]]] | None]
         self._queue = queue.SimpleQueue()
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name=f"ddp-shm-allreduce-{rank}", daemon=True)
@@ -110,11 +113,23 @@ class SharedMemoryAllReduce:
         if tensor.device.type != "cpu" or not tensor.is_contiguous():
             raise ValueError(f"the shared-memory all-reduce takes contiguous CPU tensors; got {tensor.device} "
                              f"(contiguous={tensor.is_contiguous()}). Use transport='process_group'.")
+        return self._submit(tensor, wire_dtype or tensor.dtype)
+
+    def all_gather_async(self, output: torch.Tensor) -> torch.futures.Future[list[torch.Tensor]]:
+        """Queue an in-place all-gather: `output` (CPU, contiguous, world_size equal chunks) holds this rank's
+        chunk at chunk `rank`; when the future resolves, every chunk holds its owner's values (bit for bit)."""
+        if output.device.type != "cpu" or not output.is_contiguous() or output.numel() % self.world_size:
+            raise ValueError(f"the shared-memory all-gather takes a contiguous CPU tensor of world_size="
+                             f"{self.world_size} equal chunks; got {output.numel()} elements on {output.device}.")
+        return self._submit(output, None)  # no wire dtype: a gather, not a sum
+
+    def _submit(self, tensor: torch.Tensor, wire_dtype: torch.dtype | None) -> torch.futures.Future[list[torch.Tensor]]:
+        """Queue one operation for the worker thread (failed at once if the transport already failed)."""
         future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
         if self._failure is not None or self._closed:
             _fail(future, self._failure or RuntimeError("the shared-memory all-reduce was closed."))
             return future
-        self._queue.put((tensor, wire_dtype or tensor.dtype, future))
+        self._queue.put((tensor, wire_dtype, future))
         return future
 
     def close(self) -> None:
@@ -149,16 +164,19 @@ class SharedMemoryAllReduce:
             # buffer would otherwise live on next to the new ones (a peak of one bucket's size).
             del item
 
-    def _reduce_one(self, tensor: torch.Tensor, wire_dtype: torch.dtype,
+    def _reduce_one(self, tensor: torch.Tensor, wire_dtype: torch.dtype | None,
                      future: torch.futures.Future[list[torch.Tensor]]) -> None:
         if self._failure is not None:
             _fail(future, self._failure)
             return
         try:
             flat = tensor.view(-1)
-            per_round = max(1, self.slot_bytes // wire_dtype.itemsize)
-            for start in range(0, flat.numel(), per_round):
-                self._round(flat[start:start + per_round], wire_dtype)
+            if wire_dtype is None:
+                self._gather(flat)
+            else:
+                per_round = max(1, self.slot_bytes // wire_dtype.itemsize)
+                for start in range(0, flat.numel(), per_round):
+                    self._round(flat[start:start + per_round], wire_dtype)
         except BaseException as error:  # noqa: BLE001 - handed to the waiting rank's main thread
             self._failure = error  # the flags are mid-round now: every later reduction fails too
             self._publish(FAILED, 1)  # peers stop waiting for us at their next poll
@@ -187,6 +205,28 @@ class SharedMemoryAllReduce:
                 low, high = self._chunk(count, peer, wire_dtype.itemsize)
                 piece[low:high].copy_(slots[peer][low:high])
         self._publish(DONE, generation)
+
+    def _gather(self, flat: torch.Tensor) -> None:
+        """All-gather in rounds of at most one slot per rank: my chunk's piece in, every peer's piece out."""
+        chunk, dtype = flat.numel() // self.world_size, flat.dtype
+        per_round = max(1, self.slot_bytes // dtype.itemsize)
+        for start in range(0, chunk, per_round):
+            count = min(per_round, chunk - start)
+            generation = self._generation = self._generation + 1
+            slots = [slot[:count * dtype.itemsize].view(dtype) for slot in self._slots]
+            self._wait_for_all(DONE, generation - 1, "finish reading the previous round")
+            low = self.rank * chunk + start
+            slots[self.rank].copy_(flat[low:low + count])
+            self._publish(SHAPE, count * 64 + _GATHER_CODE + _DTYPE_CODES.get(dtype, 0))  # a sum's round differs
+            self._publish(READY, generation)
+            self._wait_for_all(READY, generation, "copy its shard in")
+            self._check_same_shape(dtype, generation)
+            for peer in range(self.world_size):
+                if peer != self.rank:
+                    low = peer * chunk + start
+                    flat[low:low + count].copy_(slots[peer])
+            self._publish(REDUCED, generation)  # nothing to sum; the flag keeps the generations in step
+            self._publish(DONE, generation)
 
     def _sum_my_chunk(self, share: torch.Tensor, addends: list[torch.Tensor]) -> None:
         """Sum my chunk of every rank's slot into `share` (my piece) and into my slot, for the peers.

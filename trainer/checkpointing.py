@@ -52,7 +52,8 @@ def build_checkpoint(trainer: Trainer, module: Any, weights_only: bool = False) 
         _add_hparams(checkpoint, trainer.datamodule, "datamodule_hyper_parameters", "datamodule_hparams_name")
     if not weights_only:
         checkpoint["callbacks"] = trainer.callback_list.state_dict()
-        checkpoint["optimizer_states"] = [optimizer.state_dict() for optimizer in trainer.optimizers]
+        strategy = trainer.strategy  # a sharded optimizer's state is gathered here (a collective)
+        checkpoint["optimizer_states"] = [strategy.optimizer_state_dict(optimizer) for optimizer in trainer.optimizers]
         checkpoint["lr_schedulers"] = [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs]
         ours["metrics"] = trainer.metric_store.state_dict()
         ours["strategy"] = trainer.strategy.state_dict()  # e.g. the bucket cap "auto" settled on

@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from strategies.zero import clip_grad_norm_
+
 PRECISIONS = ("32-true", "64-true", "16-mixed", "bf16-mixed")
 _ALIASES = {"32": "32-true", "64": "64-true", "16": "16-mixed", "bf16": "bf16-mixed"}
 
@@ -77,7 +79,7 @@ class Precision:
         parameters = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         algorithm = str(getattr(gradient_clip_algorithm, "value", gradient_clip_algorithm))
         if algorithm == "norm":
-            torch.nn.utils.clip_grad_norm_(parameters, clip_val)
+            clip_grad_norm_(optimizer, parameters, clip_val)  # a ZeRO shard's by the whole gradients' norm
         elif algorithm == "value":
             torch.nn.utils.clip_grad_value_(parameters, clip_val)
         else:

@@ -253,6 +253,7 @@ def _configure_optimizers(trainer: Trainer, module: nn.Module) -> None:
                       "and backward but updates nothing.", UserWarning, stacklevel=2)
         optimizers = [NoOptimizer()]
     check_schedulers(optimizers, schedulers, module, automatic, overrides(module, "lr_scheduler_step"))
+    trainer.strategy.setup_optimizers(optimizers, loss_scaling=trainer.precision_plugin.scaler is not None)
     trainer.optimizers, trainer.lr_scheduler_configs = optimizers, schedulers
     trainer.wrapped_optimizers = [ManualOptimizer(optimizer, trainer) for optimizer in optimizers]
 

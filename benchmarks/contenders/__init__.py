@@ -43,5 +43,11 @@ COMPILED: dict[str, Contender] = {c.name: c for c in (
               {"compile": "inductor"}, distributed=False),
 )}
 
+# ZeRO-1 (optimizer state sharded over the ranks, strategies/zero.py), run when asked for: against "ours".
+ZERO: dict[str, Contender] = {c.name: c for c in (
+    Contender("ours_zero1", "our Trainer + DDPStrategy(zero_stage=1)", "benchmarks.contenders.ours",
+              {"zero_stage": "1"}),
+)}
+
 BASELINE = "torch_ddp"
-ALL_CONTENDERS: dict[str, Contender] = {**CONTENDERS, **COMPILED}
+ALL_CONTENDERS: dict[str, Contender] = {**CONTENDERS, **COMPILED, **ZERO}

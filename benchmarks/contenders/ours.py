@@ -1,4 +1,5 @@
-"""Our Trainer with our DDPStrategy (`--comm-hook bf16`, `--bucket-cap-mb N|auto`, `--transport T` for variants).
+"""Our Trainer with our DDPStrategy (`--comm-hook bf16`, `--bucket-cap-mb N|auto`, `--transport T`, `--zero-stage 1`
+for variants).
 
 Logging, checkpointing, the progress bar and the model summary are off, as for the Lightning
 contenders; the TelemetryMonitor stays, since it is on by default.
@@ -7,6 +8,7 @@ contenders; the TelemetryMonitor stays, since it is on by default.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import torch
 
@@ -37,7 +39,9 @@ def _ensure_telemetry(trainer: Trainer) -> None:
 def main(args: argparse.Namespace) -> None:
     probe, work = Probe(args), workload(args)
     transport = {} if args.transport is None else {"transport": args.transport}  # older checkouts lack it
-    strategy = DDPStrategy(comm_hook=args.comm_hook, bucket_cap_mb=_bucket_cap(args.bucket_cap_mb), **transport)
+    zero: dict[str, Any] = {} if args.zero_stage is None else {"zero_stage": int(args.zero_stage)}  # so do they zero_stage
+    strategy = DDPStrategy(comm_hook=args.comm_hook, bucket_cap_mb=_bucket_cap(args.bucket_cap_mb), **transport,
+                           **zero)
     trainer = Trainer(accelerator=args.accelerator, precision=args.precision, devices=args.devices,
                       strategy=strategy, max_steps=probe.total_steps,
                       callbacks=[ProbeCallback(probe)], logger=False, enable_checkpointing=False,
@@ -49,4 +53,4 @@ def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    main(parse_args(comm_hook=str, bucket_cap_mb=str, transport=str))
+    main(parse_args(comm_hook=str, bucket_cap_mb=str, transport=str, zero_stage=str))

@@ -31,6 +31,7 @@ from strategies.replicas import broadcast_tensors, check_same_parameters
 from strategies.lightning.preemption import LightningPreemption
 from strategies.preemption import PreemptionPolicy
 from strategies.reducer_options import ReducerOptions
+from strategies.zero import attach_shards, optimizer_state_dict, shard_lightning_optimizers
 
 START_METHODS = ("popen", "spawn", "fork", "forkserver")
 # Names registered in each package's StrategyRegistry, with the launcher's start method.
@@ -57,6 +58,7 @@ class ReducedModule(nn.Module):
         # follows (no grad, or inside no_sync); it decides whether the *next* forward syncs buffers.
         self.require_forward_param_sync = True
         self.reducer, self.tuning = options.attach(module, timeout=timeout)  # tuning: None unless "auto"
+        self.zero = attach_shards(self.reducer, rank, self.reducer.world_size)  # zero_stage=1: strategies/zero.py
 
     @override
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -95,7 +97,7 @@ def build_strategy_class(base: type[Any], module: str) -> type[Any]:
     class LightningDDPStrategy(base):  # type: ignore[misc,valid-type]
         """Lightning's DDP strategy with our bucketed GradReducer instead of torch's DDP.
 
-        The first seven arguments are those of our `DDPStrategy`; the rest are Lightning's own, but
+        The first eight arguments are those of our `DDPStrategy`; the rest are Lightning's own, but
         `preemption` (ours: strategies/lightning/preemption.py): a notice stops every rank after the
         same batch with Lightning's SLURM checkpoint. Registered as "bucket_ddp" (subprocess launcher,
         like "ddp") and "bucket_ddp_spawn".
@@ -104,7 +106,7 @@ def build_strategy_class(base: type[Any], module: str) -> type[Any]:
         def __init__(self, bucket_cap_mb: float | str = 25, first_bucket_cap_mb: float = 1,
                      gradient_as_bucket_view: bool = True, comm_hook: str | CommHook | None = None,
                      find_unused_parameters: bool = False, broadcast_buffers: bool = True,
-                     transport: str = "auto", *,
+                     transport: str = "auto", zero_stage: int = 0, *,
                      accelerator: Any = None, parallel_devices: list[torch.device] | None = None,
                      cluster_environment: Any = None, checkpoint_io: Any = None, precision_plugin: Any = None,
                      process_group_backend: str | None = None, timeout: timedelta | None = default_pg_timeout,
@@ -115,7 +117,8 @@ def build_strategy_class(base: type[Any], module: str) -> type[Any]:
                 checkpoint_io = LightningBackgroundCheckpointIO(checkpoint_io)
             self._preemption = LightningPreemption(PreemptionPolicy.from_argument(preemption))
             self.reducer_options = ReducerOptions(bucket_cap_mb, first_bucket_cap_mb, gradient_as_bucket_view,
-                                                  comm_hook, find_unused_parameters, broadcast_buffers, transport)
+                                                  comm_hook, find_unused_parameters, broadcast_buffers, transport,
+                                                  zero_stage)
             if start_method not in START_METHODS:
                 raise ValueError(f"start_method={start_method!r} is not supported; expected one of {START_METHODS}.")
             super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
@@ -135,6 +138,17 @@ def build_strategy_class(base: type[Any], module: str) -> type[Any]:
                 split_lightning_compiled(model, *self.reducer_options.graph_split_caps())
             return ReducedModule(model, self.reducer_options, rank=self.global_rank,
                                  timeout=self._timeout or default_pg_timeout)
+
+        @override
+        def setup_optimizers(self, trainer: Any) -> None:
+            super().setup_optimizers(trainer)
+            reduced = self.reduced_module
+            if reduced is not None and reduced.zero is not None:
+                shard_lightning_optimizers(self.optimizers, reduced.zero, self.precision_plugin)
+
+        @override
+        def optimizer_state(self, optimizer: Any) -> dict[str, Any]:
+            return optimizer_state_dict(getattr(optimizer, "_optimizer", optimizer))  # a LightningOptimizer's own
 
         @override
         @contextlib.contextmanager

@@ -1,0 +1,461 @@
+"""ZeRO stage 1 inside our DDP: each rank keeps optimizer state for its own even 1/N of every bucket.
+
+Adam keeps two fp32 moments per parameter; under plain DDP every rank holds all of them. Here the
+reducer's buckets are padded to a multiple of the world size N, and rank r owns elements
+`[r*S, (r+1)*S)` of every bucket (S = padded length / N): even shards, cut through parameters, not
+whole parameters handed out. For each parameter, the part that falls in this rank's shard is one
+*segment*: a 1-D view of those elements of the parameter itself; its `.grad` views the same elements
+of the bucket's (already averaged) gradient buffer. So the optimizer reads its gradients and writes
+its updates with no copy, and no second copy of the weights exists (8 + 8/N bytes per parameter
+with Adam: weights, gradients, and 1/N of the two moments).
+
+The user's own optimizer object is kept and changed in place (`shard_optimizer`): each param group
+lists this rank's segments instead of the parameters, so `optimizer.param_groups` stays the user's
+dicts (lr, weight decay, betas per group; schedulers and run-time edits work as before) and
+`optimizer.state` holds only this rank's shard. At every `optimizer.step()`:
+
+  step:   the user's optimizer updates its segments (so the parameters' own elements), elementwise,
+          exactly as it would the whole parameters (the same arithmetic on the same elements);
+  after:  each bucket's shards are packed into one flat buffer, all-gathered (in bucket order on
+          every rank, into a reused buffer of one bucket: through the reducer's shared-memory
+          transport between CPU ranks of one host, else `all_gather_single`) and copied into the
+          parameters.
+
+Gradients still arrive by the reducer's all-reduce (gloo and the shared-memory transport on CPU, or
+nccl), so every rank holds the full averaged gradients: exactness against `zero_stage=0` is by
+construction, the global gradient norm is computed from them exactly as without sharding, and the
+non-finite check reads them whole. The price: the bytes on the wire are an all-reduce plus an
+all-gather (1.5x DDP's), not a reduce-scatter plus an all-gather.
+
+Only optimizers whose update is elementwise can be cut through a parameter (`ELEMENTWISE`); any
+other (LBFGS, one that needs whole matrices) is refused at setup, by name.
+
+Checkpoints: `optimizer.state_dict()` is this rank's shard (no hidden collective).
+`consolidated_state_dict` (a collective, every rank calls it; the strategy's checkpoint hook) gathers
+the state bucket by bucket to rank 0, which returns an ordinary optimizer state dict, numbered as the
+unsharded optimizer numbers its parameters: it loads into `zero_stage=0`, one process, another world
+size, and back into a sharded optimizer, whose `load_state_dict` cuts a full dict into its shard.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from strategies.buckets import BucketLayout
+from strategies.hang_guard import LEDGER
+from strategies.shm_transport import SharedMemoryAllReduce
+
+# torch's optimizers whose update of an element reads only that element's gradient and state (and
+# scalars shared by the whole group): a parameter cut in two steps exactly as the whole one.
+ELEMENTWISE = ("SGD", "Adam", "AdamW", "Adamax", "Adagrad", "Adadelta", "RMSprop", "Rprop", "NAdam", "RAdam", "ASGD")
+SHARDABLE_ATTRIBUTE = "zero_shardable"  # a class attribute: a user's optimizer declares itself elementwise
+_SHARD_MARK = "zero_shard"  # in a sharded optimizer's own state_dict(): whose shard it is
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    """The part of parameter `param_index` (reducer numbering) in this rank's shard of bucket `bucket`:
+    its elements `[start, start + length)` (flattened), at `offset` in the rank's flat shard."""
+
+    param_index: int
+    bucket: int
+    start: int
+    length: int
+    offset: int
+
+
+class ZeroShards:
+    """This rank's shard of every bucket of a reducer's `layout`: the segments the optimizers step (views of
+    the parameters) and the gather that brings every rank's updated shards into the parameters."""
+
+    def __init__(self, params: Sequence[torch.nn.Parameter], layout: BucketLayout, rank: int, world_size: int,
+                 process_group: dist.ProcessGroup | None = None, shared_memory: SharedMemoryAllReduce | None = None,
+                 ) -> None:
+        self.params, self.layout = list(params), layout
+        self.rank, self.world_size, self.process_group = rank, world_size, process_group
+        self.shared_memory = shared_memory  # CPU ranks of one host: gather through it, as the buckets travel
+        self.shard_numel: list[int] = []  # per bucket: the elements of each rank's shard (padding included)
+        self.segments: dict[int, Segment] = {}  # param index -> its segment here (at most one: shards are contiguous)
+        self.tensors: dict[int, torch.Tensor] = {}  # param index -> the segment the optimizer steps
+        self._grad_views: dict[int, torch.Tensor] = {}  # param index -> its elements of the averaged gradients
+        for bucket_index, (indexes, bucket) in enumerate(zip(layout.plan, layout.buckets)):
+            self._cut(bucket_index, indexes, bucket.buffer())
+        self._index_of = {id(param): index for index, param in enumerate(self.params)}
+        self._scratch: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+        self.state_bytes_per_rank: list[int] | None = None  # measured after the first step
+
+    def _cut(self, bucket_index: int, indexes: Sequence[int], buffer: torch.Tensor) -> None:
+        size = buffer.numel() // self.world_size
+        low, high = self.rank * size, (self.rank + 1) * size
+        self.shard_numel.append(size)
+        offset = 0
+        for index in indexes:
+            param = self.params[index]
+            numel = param.numel()
+            first, last = max(low, offset), min(high, offset + numel)
+            if last > first:
+                if not param.is_contiguous():
+                    raise ValueError(f"zero_stage=1 steps a slice of each parameter in place, so parameters must be "
+                                     f"contiguous; parameter {index} of shape {tuple(param.shape)} is not (a "
+                                     "channels_last module?). Keep the module contiguous, or use zero_stage=0.")
+                segment = Segment(index, bucket_index, first - offset, last - first, first - low)
+                self.segments[index] = segment
+                self.tensors[index] = param.detach().view(-1)[segment.start:segment.start + segment.length]
+                self._grad_views[index] = buffer[first:last]
+            offset += numel
+
+    # ------------------------------------------------------------------ lookups
+    def index_of(self, param: torch.Tensor) -> int | None:
+        """The reducer's index of `param`, None when the reducer does not average it (frozen at setup)."""
+        return self._index_of.get(id(param))
+
+    def buckets_of(self, indexes: Iterable[int]) -> list[int]:
+        """The buckets holding these parameters, in bucket order (the order every rank gathers in)."""
+        return sorted({self.layout.bucket_of[index] for index in indexes})
+
+    # ------------------------------------------------------------------ around a step
+    def bind_grads(self) -> None:
+        """Point each segment's `.grad` at its averaged gradient, or None where the parameter has none
+        (unused with find_unused_parameters), so the optimizer skips it as it would the parameter."""
+        for index, tensor in self.tensors.items():
+            tensor.grad = self._grad_views[index] if self.params[index].grad is not None else None
+
+    def gradient_buffers(self, grads: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
+        """The full averaged gradient buffers when `grads` are this rank's bound segment gradients (what a
+        check of the optimizer's gradients reads): every rank then reads the same values."""
+        bound = {id(tensor.grad) for tensor in self.tensors.values() if tensor.grad is not None}
+        if not grads or {id(grad) for grad in grads} != bound:
+            return None
+        return [bucket.buffer() for bucket in self.layout.buckets]
+
+    def gather(self, buckets: Sequence[int]) -> None:
+        """All-gather every rank's updated shard of `buckets` (in order, on every rank) into the parameters."""
+        for bucket_index in buckets:
+            plan, size = self.layout.plan[bucket_index], self.shard_numel[bucket_index]
+            like = self.params[plan[0]]
+            full = self._scratch_for(like, size * self.world_size)
+            mine = full[self.rank * size:(self.rank + 1) * size]
+            segments = [self.segments[index] for index in plan if index in self.segments]
+            if segments:  # my shard, packed where the bucket puts it (the padding is never read)
+                torch._foreach_copy_([mine[s.offset:s.offset + s.length] for s in segments],
+                                     [self.tensors[s.param_index] for s in segments])
+            LEDGER.begin(f"ZeRO all-gather of updated parameters, bucket {bucket_index}", mine)
+            with LEDGER.waiting():
+                if self.shared_memory is not None:
+                    self.shared_memory.all_gather_async(full).wait()
+                else:
+                    dist.all_gather_single(full, mine, group=self.process_group)
+            targets, sources = self._peer_elements(plan, full)
+            if targets:
+                torch._foreach_copy_(targets, sources)
+
+    def _peer_elements(self, plan: Sequence[int], full: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The parameters' elements other ranks updated (mine are already in place), and where in the gathered
+        bucket `full` their new values are: at most two pieces per parameter."""
+        targets, sources, offset = [], [], 0
+        for index in plan:
+            flat, numel = self.params[index].detach().view(-1), self.params[index].numel()
+            segment = self.segments.get(index)
+            mine = (segment.start, segment.start + segment.length) if segment is not None else (numel, numel)
+            for low, high in ((0, mine[0]), (mine[1], numel)):
+                if high > low:
+                    targets.append(flat[low:high])
+                    sources.append(full[offset + low:offset + high])
+            offset += numel
+        return targets, sources
+
+    def _scratch_for(self, like: torch.Tensor, numel: int) -> torch.Tensor:
+        """One reused buffer per dtype and device, as long as the largest bucket gathered so far."""
+        key = (like.dtype, like.device)
+        found = self._scratch.get(key)
+        if found is None or found.numel() < numel:
+            found = self._scratch[key] = torch.empty(numel, dtype=like.dtype, device=like.device)
+        return found[:numel]
+
+    # ------------------------------------------------------------------ reporting
+    def measure_state(self, optimizers: Iterable[torch.optim.Optimizer]) -> None:
+        """Every rank's optimizer-state bytes (one tiny all-gather; every rank calls it at the same step)."""
+        mine = sum(state_bytes(optimizer) for optimizer in optimizers)
+        LEDGER.begin("ZeRO optimizer state sizes")
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, mine, group=self.process_group)
+        self.state_bytes_per_rank = [int(value) for value in gathered]
+
+    def summary(self) -> dict[str, Any]:
+        """The shard layout and the bytes each rank holds (state measured after the first step)."""
+        element_bytes = [bucket.buffer().element_size() for bucket in self.layout.buckets]
+        return {
+            "zero_stage": 1,
+            "shard_elements_per_bucket": list(self.shard_numel),
+            "padding_elements": sum(size * self.world_size - sum(self.params[i].numel() for i in indexes)
+                                    for size, indexes in zip(self.shard_numel, self.layout.plan)),
+            "segments_this_rank": len(self.segments),
+            "shard_bytes_per_rank": sum(n * b for n, b in zip(self.shard_numel, element_bytes)),
+            "optimizer_state_bytes_per_rank": self.state_bytes_per_rank,
+            "optimizer_state_bytes_total": sum(self.state_bytes_per_rank) if self.state_bytes_per_rank else None,
+        }
+
+
+def state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the tensors in `optimizer.state` (what ZeRO divides by the world size)."""
+    return sum(value.numel() * value.element_size() for state in optimizer.state.values()
+               for value in state.values() if isinstance(value, torch.Tensor))
+
+
+def check_elementwise(optimizer: torch.optim.Optimizer) -> None:
+    """Refuse, by name, an optimizer whose update of an element may read other elements."""
+    cls = type(optimizer)
+    known = cls.__module__.startswith("torch.optim") and cls.__name__ in ELEMENTWISE
+    if known or getattr(cls, SHARDABLE_ATTRIBUTE, False) is True:
+        return
+    raise TypeError(f"zero_stage=1 cannot shard {cls.__module__}.{cls.__qualname__}: each rank steps an even 1/N of "
+                    f"every bucket, cut through parameters, which is exact only for an optimizer whose update of an "
+                    f"element reads that element alone (torch.optim's {', '.join(ELEMENTWISE)}). Use zero_stage=0 "
+                    f"for it, or, if its update is elementwise, set `{cls.__name__}.{SHARDABLE_ATTRIBUTE} = True`.")
+
+
+class ShardedOptimizer:
+    """What `shard_optimizer` did to one optimizer: its original param groups and the hooks that keep the
+    shards in step. Kept on the optimizer as `optimizer.zero_shards` (`sharding_of` finds it)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, shards: ZeroShards) -> None:
+        self.optimizer, self.shards = optimizer, shards
+        self.original_groups = [list(group["params"]) for group in optimizer.param_groups]
+        covered = [shards.index_of(param) for group in self.original_groups for param in group]
+        self.indexes = [index for index in covered if index is not None]  # the reducer's params it steps
+        self.buckets = shards.buckets_of(self.indexes)
+        self.after_first_step: Any = None  # called once after the first step (the strategy measures state)
+
+    def install(self) -> None:
+        optimizer, full = self.optimizer, self.optimizer.state_dict()
+        for group, params in zip(optimizer.param_groups, self.original_groups):
+            group["params"] = self._shard_params(params)
+        optimizer.state.clear()
+        unsharded_zero_grad = optimizer.zero_grad
+
+        def zero_grad(set_to_none: bool = True) -> None:
+            unsharded_zero_grad(set_to_none)
+            self._zero_module_grads(set_to_none)
+
+        optimizer.zero_grad = zero_grad  # type: ignore[method-assign]
+        optimizer.register_step_post_hook(lambda *_: self._after_step())
+        optimizer.register_state_dict_post_hook(self._mark_shard)
+        optimizer.register_load_state_dict_pre_hook(self._to_shard)
+        optimizer.zero_shards = self  # type: ignore[attr-defined]
+        if full["state"]:
+            optimizer.load_state_dict(full)  # state it already had (a resumed optimizer) is cut like a checkpoint's
+
+    def _shard_params(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
+        """A group's parameters as this rank steps them: a reducer's parameter by its segment here (none when
+        its elements all lie in other ranks' shards), any other (frozen at setup) whole, as every rank does."""
+        shards, listed = self.shards, []
+        for param in params:
+            index = shards.index_of(param)
+            if index is None:
+                listed.append(param)
+            elif index in shards.tensors:
+                listed.append(shards.tensors[index])
+        return listed
+
+    def _after_step(self) -> None:
+        self.shards.gather(self.buckets)
+        if self.after_first_step is not None:
+            callback, self.after_first_step = self.after_first_step, None
+            callback()
+
+    def _zero_module_grads(self, set_to_none: bool) -> None:
+        """The gradients the optimizer no longer lists: the parameters' own (torch's zero_grad rule)."""
+        for index in self.indexes:
+            param = self.shards.params[index]
+            if param.grad is None:
+                continue
+            if set_to_none:
+                param.grad = None
+            else:
+                param.grad.detach_() if param.grad.grad_fn is not None else param.grad.requires_grad_(False)
+                param.grad.zero_()
+
+    # ------------------------------------------------------------------ state dicts
+    def _mark_shard(self, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
+        state_dict[_SHARD_MARK] = {"rank": self.shards.rank, "world_size": self.shards.world_size}
+        return state_dict
+
+    def _to_shard(self, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """A full (ordinary) optimizer state dict cut to this rank's shard; this rank's own passes as it is."""
+        mark = state_dict.get(_SHARD_MARK)
+        if mark is not None:
+            mine = {"rank": self.shards.rank, "world_size": self.shards.world_size}
+            if mark != mine:
+                raise ValueError(f"this optimizer state is the ZeRO shard of rank {mark['rank']} of "
+                                 f"{mark['world_size']}, not of rank {mine['rank']} of {mine['world_size']}; "
+                                 "load a consolidated checkpoint (the Trainer writes one) instead.")
+            return {key: value for key, value in state_dict.items() if key != _SHARD_MARK}
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.original_groups) or any(
+                len(saved["params"]) != len(params) for saved, params in zip(saved_groups, self.original_groups)):
+            raise ValueError("the loaded optimizer state has param groups of sizes "
+                             f"{[len(group['params']) for group in saved_groups]}, this optimizer "
+                             f"{[len(params) for params in self.original_groups]}.")
+        saved_state = state_dict["state"]
+        state: dict[int, Any] = {}
+        groups = []
+        position = 0
+        for saved, params in zip(saved_groups, self.original_groups):
+            numbers = []
+            for saved_number, param in zip(saved["params"], params):
+                index = self.shards.index_of(param)
+                if index is not None and index not in self.shards.tensors:
+                    continue  # no element of it is stepped on this rank
+                if saved_number in saved_state:
+                    value = saved_state[saved_number]
+                    state[position] = value if index is None else self._cut_state(index, param, value)
+                numbers.append(position)
+                position += 1
+            groups.append({**saved, "params": numbers})
+        return {"state": state, "param_groups": groups}
+
+    def _cut_state(self, index: int, param: torch.Tensor, state: dict[str, Any]) -> dict[str, Any]:
+        segment = self.shards.segments[index]
+        return {key: value.reshape(-1)[segment.start:segment.start + segment.length].clone()
+                if _per_element(value, param.shape) else value for key, value in state.items()}
+
+    def consolidated_state_dict(self) -> dict[str, Any]:
+        """A collective: the whole optimizer's state as an ordinary state dict on rank 0 (numbered like the
+        unsharded optimizer), gathered one bucket at a time; the other ranks get the param groups only."""
+        shards, optimizer = self.shards, self.optimizer
+        local = optimizer.state_dict()
+        by_tensor = {id(tensor): number for number, tensor in
+                     enumerate(p for group in optimizer.param_groups for p in group["params"])}
+        local_state = local["state"]
+        gathered: dict[int, dict[str, Any]] = {}  # reducer index -> full state (rank 0)
+        for bucket_index in self.buckets:
+            pieces = {index: (shards.segments[index].start, local_state[by_tensor[id(shards.tensors[index])]])
+                      for index in shards.layout.plan[bucket_index] if index in shards.tensors
+                      and by_tensor.get(id(shards.tensors[index])) in local_state}
+            received: list[Any] = [None] * shards.world_size if shards.rank == 0 else []
+            LEDGER.begin(f"ZeRO optimizer state gather, bucket {bucket_index}")
+            dist.gather_object(pieces, received if shards.rank == 0 else None, dst=_global_zero(shards.process_group),
+                               group=shards.process_group)
+            if shards.rank == 0:
+                for index in shards.layout.plan[bucket_index]:
+                    parts = sorted((piece[index] for piece in received if index in piece), key=lambda part: part[0])
+                    if parts:
+                        gathered[index] = _join(parts, shards.params[index].shape)
+        state: dict[int, Any] = {}
+        groups = []
+        number = 0
+        for group, params in zip(optimizer.param_groups, self.original_groups):
+            numbers = []
+            for param in params:
+                reduced = shards.index_of(param)
+                if reduced is None:
+                    if by_tensor.get(id(param)) in local_state:  # a whole parameter every rank steps alike
+                        state[number] = local_state[by_tensor[id(param)]]
+                elif reduced in gathered:
+                    state[number] = gathered[reduced]
+                numbers.append(number)
+                number += 1
+            groups.append({**{key: value for key, value in group.items() if key != "params"}, "params": numbers})
+        return {"state": state if shards.rank == 0 else {}, "param_groups": groups}
+
+
+def _per_element(value: Any, shape: torch.Size) -> bool:
+    """Whether a state entry holds one value per element of its parameter (momentum, moments)."""
+    return isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape == shape
+
+
+def _join(parts: list[tuple[int, dict[str, Any]]], shape: torch.Size) -> dict[str, Any]:
+    """One parameter's state from its segments' states, in element order: per-element entries joined and
+    shaped like the parameter, the rest (the step count) taken from the first segment."""
+    first = parts[0][1]
+    joined: dict[str, Any] = {}
+    for key, value in first.items():
+        if isinstance(value, torch.Tensor) and value.dim() == 1 and sum(
+                part[key].numel() for _, part in parts) == shape.numel():
+            joined[key] = torch.cat([part[key] for _, part in parts]).view(shape)
+        else:
+            joined[key] = value
+    return joined
+
+
+def _global_zero(process_group: dist.ProcessGroup | None) -> int:
+    return 0 if process_group is None else dist.get_global_rank(process_group, 0)
+
+
+def sharding_of(optimizer: Any) -> ShardedOptimizer | None:
+    """The ZeRO sharding of `optimizer` (or of the optimizer a wrapper holds), None when it is not sharded."""
+    found = getattr(optimizer, "zero_shards", None)
+    return found if isinstance(found, ShardedOptimizer) else None
+
+
+def shard_optimizer(optimizer: torch.optim.Optimizer, shards: ZeroShards) -> ShardedOptimizer:
+    """Make `optimizer` (the user's own object) step only this rank's shard; see the module docstring."""
+    check_elementwise(optimizer)
+    sharded = ShardedOptimizer(optimizer, shards)
+    sharded.install()
+    return sharded
+
+
+def clip_grad_norm_(optimizer: Any, parameters: list[torch.Tensor], max_norm: float) -> None:
+    """Clip the optimizer's gradients to a total norm of `max_norm`. Sharded, the norm is that of the whole
+    gradients (every rank holds them, averaged), computed over the same tensors in the same order as
+    without sharding, so the clip factor, and the clipped shard, are bit-identical to zero_stage=0's."""
+    sharded = sharding_of(optimizer)
+    if sharded is None:
+        torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+        return
+    whole = [param.grad for group in sharded.original_groups for param in group if param.grad is not None]
+    total = torch.nn.utils.get_total_norm(whole, norm_type=2.0)
+    torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total)
+
+
+# ---------------------------------------------------------------------- what a strategy calls
+def attach_shards(reducer: Any, rank: int, world_size: int) -> ZeroShards | None:
+    """This rank's shard of every bucket of a `GradReducer` built with `zero_stage=1`, its segments' gradients
+    bound after each synchronised pass; None when there is nothing to shard (stage 0, or one rank)."""
+    if not reducer.zero_stage or world_size == 1:
+        return None
+    shards = ZeroShards(reducer.parameters, reducer.layout, rank, world_size, reducer.process_group,
+                        reducer.shared_memory)
+    if reducer.after_sync is not None:  # bucket_cap_mb="auto" (its only other user) is refused with ZeRO
+        raise RuntimeError("a ZeRO reducer already has an after_sync callback; bucket_cap_mb='auto' is not "
+                           "supported with zero_stage=1.")
+    reducer.after_sync = lambda _times: shards.bind_grads()
+    return shards
+
+
+def shard_optimizers(optimizers: Sequence[torch.optim.Optimizer], shards: ZeroShards, loss_scaling: bool) -> None:
+    """Shard every optimizer that has parameters (`shard_optimizer`); the first one's first step also measures
+    every rank's state bytes (`ZeroShards.summary`). `loss_scaling` (a GradScaler steps them) is refused."""
+    if loss_scaling:
+        raise ValueError("zero_stage=1 cannot run with a loss scaler (precision='16-mixed'): each rank would judge "
+                         "overflow on its own shard and skip steps alone. Use precision='bf16-mixed' or '32-true', "
+                         "or zero_stage=0.")
+    sharded = [shard_optimizer(optimizer, shards) for optimizer in optimizers
+               if any(group["params"] for group in optimizer.param_groups)]
+    if sharded:
+        sharded[0].after_first_step = lambda: shards.measure_state(optimizers)
+
+
+def optimizer_state_dict(optimizer: Any) -> dict[str, Any]:
+    """The whole state of `optimizer` for a checkpoint: consolidated on rank 0 (a collective) when sharded."""
+    sharded = sharding_of(optimizer)
+    return sharded.consolidated_state_dict() if sharded is not None else optimizer.state_dict()
+
+
+def shard_lightning_optimizers(optimizers: Sequence[torch.optim.Optimizer], shards: ZeroShards,
+                               precision_plugin: Any) -> None:
+    """`shard_optimizers` inside Lightning's Trainer (the plug-in, strategies/lightning/core.py): Lightning's
+    precision plugin clips by the norm of the optimizer's gradients, which are now a shard; its
+    `clip_grad_by_norm` is pointed at `clip_grad_norm_`, which takes the whole gradients' norm."""
+    shard_optimizers(optimizers, shards, loss_scaling=getattr(precision_plugin, "scaler", None) is not None)
+
+    def clip_grad_by_norm(optimizer: torch.optim.Optimizer, clip_val: float) -> None:
+        clip_grad_norm_(optimizer, list(precision_plugin.main_params(optimizer)), float(clip_val))
+
+    precision_plugin.clip_grad_by_norm = clip_grad_by_norm
