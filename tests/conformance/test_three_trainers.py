@@ -1,6 +1,6 @@
 """Three Trainers in one script (#36): the weights and the logged epochs of each fit agree between our
 Trainer and Lightning's (`lightning.pytorch` and `pytorch_lightning`, `strategy="ddp"`, 2 CPU
-processes), whether our ranks 1.. are forked per stage or kept in the process's pool. Each run is a
+processes), whether our ranks 1.. were forked from the caller or started from a forkserver. Each run is a
 script of its own: Lightning's `ddp` starts rank 1 by running the command line again. Slow: selected with
 `-m conformance` (make conformance)."""
 
