@@ -1,0 +1,32 @@
+"""A program on one Lightning package runs with the other one hidden (as if never installed): our Trainer with
+that package's callbacks (a BaseFinetuning subclass among them), logger, profiler and DataModule, the
+module's `load_from_checkpoint` on our checkpoint, and our reducer plugged into that package's own Trainer.
+The program is tests/conformance/one_package_program.py, each run its own process. `make test` runs each
+package at 1 process; `make conformance` at 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(480)
+@pytest.mark.parametrize("processes", [1, pytest.param(2, marks=pytest.mark.conformance)])
+@pytest.mark.parametrize("package", ["lightning.pytorch", "pytorch_lightning"])
+def test_a_program_needs_only_its_own_lightning_package(tmp_path: Path, package: str, processes: int) -> None:
+    command = [sys.executable, "-m", "tests.conformance.one_package_program", package, str(processes), str(tmp_path)]
+    done = subprocess.run(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+                          text=True, timeout=420)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["loaded"] == [package.partition(".")[0]]
+    assert result["global_step"] == 16 // processes and result["plugin_global_step"] == 8 // processes
+    assert result["best_reloads_equal"] and result["reloaded_hparams"] == {"hidden": 8}
+    assert result["metrics_file"] and result["strategy_is_lightnings"]
