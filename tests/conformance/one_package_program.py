@@ -1,12 +1,13 @@
 """A program written against one Lightning package, with the other one hidden (as if not installed):
 
-    python -m tests.conformance.one_package_program PACKAGE PROCESSES OUT_DIR
+    python -m tests.conformance.one_package_program {ours|plugin} PACKAGE PROCESSES OUT_DIR
 
-It fits with our Trainer and Lightning's callbacks (ModelCheckpoint, EarlyStopping, a BaseFinetuning
-subclass), Lightning's CSVLogger and SimpleProfiler, a Lightning LightningDataModule; reloads the best
-checkpoint with the module's `load_from_checkpoint`; and fits with our reducer plugged into the package's own
-Trainer (`strategies.lightning` for `pytorch_lightning`, `strategies.lightning.unified` for `lightning.pytorch`).
-Global rank 0 writes OUT_DIR/result.json.
+`ours` fits with our Trainer and Lightning's callbacks (ModelCheckpoint, EarlyStopping, a BaseFinetuning
+subclass), Lightning's CSVLogger and SimpleProfiler, a Lightning LightningDataModule, and reloads the best
+checkpoint with the module's `load_from_checkpoint`; `plugin` fits with our reducer plugged into the package's
+own Trainer (`strategies.lightning` for `pytorch_lightning`, `strategies.lightning.unified` for
+`lightning.pytorch`; its `ddp` launcher re-runs this command line for rank 1, hence one Trainer per run).
+Global rank 0 writes OUT_DIR/WHAT.json.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 from tests.conformance.hidden_package import hide_packages
 
-PACKAGE, PROCESSES, OUT = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
+WHAT, PACKAGE, PROCESSES, OUT = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
 hide_packages({"lightning.pytorch": "pytorch_lightning", "pytorch_lightning": "lightning"}[PACKAGE])
 pl: Any = importlib.import_module(PACKAGE)
 
@@ -100,15 +101,15 @@ def _fit_with_the_plugin() -> dict[str, Any]:
                          enable_checkpointing=False)
     pl.seed_everything(5, verbose=False)
     trainer.fit(Model(), datamodule=Data())
-    return {"plugin_global_step": trainer.global_step, "plugin_rank": trainer.global_rank}
+    return {"global_step": trainer.global_step, "rank": trainer.global_rank,
+            "strategy": type(trainer.strategy).__name__, "strategy_base": type(trainer.strategy).__mro__[1].__module__}
 
 
 def main() -> None:
-    ours = _fit_with_ours()
-    plugged = _fit_with_the_plugin()
-    if ours["rank"] == 0 and plugged["plugin_rank"] == 0:
+    result = _fit_with_ours() if WHAT == "ours" else _fit_with_the_plugin()
+    if result["rank"] == 0:
         loaded = sorted(name for name in ("lightning", "pytorch_lightning") if sys.modules.get(name) is not None)
-        (OUT / "result.json").write_text(json.dumps({**ours, **plugged, "loaded": loaded}))
+        (OUT / f"{WHAT}.json").write_text(json.dumps({**result, "loaded": loaded}))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,12 +22,18 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("processes", [1, pytest.param(2, marks=pytest.mark.conformance)])
 @pytest.mark.parametrize("package", ["lightning.pytorch", "pytorch_lightning"])
 def test_a_program_needs_only_its_own_lightning_package(tmp_path: Path, package: str, processes: int) -> None:
-    command = [sys.executable, "-m", "tests.conformance.one_package_program", package, str(processes), str(tmp_path)]
+    ours, plugin = (_run(what, package, processes, tmp_path) for what in ("ours", "plugin"))
+    assert ours["loaded"] == plugin["loaded"] == [package.partition(".")[0]]
+    assert ours["global_step"] == 16 // processes and plugin["global_step"] == 8 // processes
+    assert ours["best_reloads_equal"] and ours["reloaded_hparams"] == {"hidden": 8}
+    assert ours["metrics_file"] and ours["strategy_is_lightnings"]
+    assert plugin["strategy"] == "LightningDDPStrategy" and plugin["strategy_base"].startswith(package)
+
+
+def _run(what: str, package: str, processes: int, out: Path) -> dict[str, Any]:
+    command = [sys.executable, "-m", "tests.conformance.one_package_program", what, package, str(processes), str(out)]
     done = subprocess.run(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
                           text=True, timeout=420)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads((tmp_path / "result.json").read_text())
-    assert result["loaded"] == [package.partition(".")[0]]
-    assert result["global_step"] == 16 // processes and result["plugin_global_step"] == 8 // processes
-    assert result["best_reloads_equal"] and result["reloaded_hparams"] == {"hidden": 8}
-    assert result["metrics_file"] and result["strategy_is_lightnings"]
+    assert done.returncode == 0, f"{what}: {done.stderr[-3000:]}"
+    result: dict[str, Any] = json.loads((out / f"{what}.json").read_text())
+    return result
