@@ -8,7 +8,10 @@ PACKAGE is the Lightning package the program is written against (`lightning.pyto
 the other one is hidden (tests/conformance/hidden_package.py). PROCESSES 1 runs `strategy="auto"`, 2 runs
 `strategy="ddp"` (Lightning's `ddp` re-runs this script for rank 1; only global rank 0 writes OUT_DIR/result.json).
 It fits with a ModelCheckpoint on `val_loss`, then tests the best checkpoint, and records what the caller
-holds after each stage: `model.batch_size`, the metrics, the weights, the best checkpoint and the test results.
+holds after each stage: `model.batch_size`, the metrics, the weights, the best checkpoint and the test results;
+and, at the end of training, what the module reads from `trainer.strategy` (ranks, devices, the cluster
+environment, the sampler's arguments) and what its collectives return (`barrier`, `broadcast`, `reduce`,
+`all_gather`).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class SplitBatchModel(pl.LightningModule):
         self.batch_size = batch_size
         self.net = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
         self.strategy_was_parallel: list[bool] = []
+        self.strategy_reads: dict[str, Any] = {}
 
     def setup(self, stage: str) -> None:
         parallel = isinstance(self.trainer.strategy, ParallelStrategy)
@@ -52,6 +56,24 @@ class SplitBatchModel(pl.LightningModule):
         if parallel:
             num_processes = max(1, self.trainer.strategy.num_processes)
             self.batch_size = int(self.batch_size / num_processes)
+
+    def on_train_end(self) -> None:
+        """What a program reads from the strategy, and its collectives, on every rank (rank 0's are compared)."""
+        strategy, rank = self.trainer.strategy, self.trainer.global_rank
+        read = ["world_size", "global_rank", "local_rank", "is_global_zero", "root_device"]
+        if isinstance(strategy, ParallelStrategy):
+            read += ["num_processes", "num_nodes", "node_rank", "parallel_devices", "distributed_sampler_kwargs"]
+            environment = strategy.cluster_environment
+            self.strategy_reads["cluster_environment"] = [
+                environment.world_size(), environment.global_rank(), environment.local_rank(),
+                environment.node_rank(), environment.creates_processes_externally]
+        self.strategy_reads.update({name: str(getattr(strategy, name)) for name in read})
+        strategy.barrier("probe")
+        value = torch.tensor([float(rank + 1)])
+        self.strategy_reads["collectives"] = {
+            "broadcast": strategy.broadcast({"from": rank}), "broadcast_src0": strategy.broadcast(rank, src=0),
+            "reduce_mean": strategy.reduce(value).tolist(), "reduce_sum": strategy.reduce(value, reduce_op="sum").tolist(),
+            "all_gather": strategy.all_gather(value).tolist()}
 
     def _loss(self, batch: Any) -> torch.Tensor:
         return torch.nn.functional.mse_loss(self.net(batch[0]), batch[1])
@@ -111,6 +133,7 @@ def main() -> None:
     result["after_test"] = {"batch_size": model.batch_size, "results": [{k: round(v, 6) for k, v in r.items()}
                                                                           for r in tested]}
     result["strategy_was_parallel"] = model.strategy_was_parallel
+    result["strategy_reads"] = model.strategy_reads
     result["loaded"] = sorted(name for name in ("lightning", "pytorch_lightning") if sys.modules.get(name) is not None)
     if trainer.global_rank == 0:
         OUT.mkdir(parents=True, exist_ok=True)
