@@ -167,7 +167,7 @@ class DDPStrategy(Strategy):
     @property
     def cluster_environment(self) -> LightningEnvironmentView:
         """The environment, with Lightning's `ClusterEnvironment` API (`world_size()`, `main_address`, ...)."""
-        return LightningEnvironmentView(self.environment)
+        return LightningEnvironmentView(self.environment, launched=self._environment is not None)
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, int]:

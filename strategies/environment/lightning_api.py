@@ -14,12 +14,15 @@ from strategies.environment.cluster_environment import ClusterEnvironment
 class LightningEnvironmentView:
     """Our `ClusterEnvironment`, asked with Lightning's `ClusterEnvironment` API."""
 
-    def __init__(self, environment: ClusterEnvironment) -> None:
+    def __init__(self, environment: ClusterEnvironment, launched: bool = False) -> None:
         self.environment = environment
+        self.launched = launched
 
     @property
     def creates_processes_externally(self) -> bool:
-        return bool(self.environment.creates_processes_externally)
+        """Lightning's answer: True once the processes exist, whoever made them (its launcher marks every rank,
+        rank 0 too, as it starts them); before our own launcher ran, False; under torchrun or srun, True."""
+        return bool(self.environment.creates_processes_externally) or self.launched
 
     @property
     def main_address(self) -> str:

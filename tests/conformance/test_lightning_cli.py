@@ -63,7 +63,7 @@ def test_flags_and_a_yaml_config_give_what_lightnings_cli_gives(tmp_path: Path, 
     assert "hidden: 5" in saved.read_text() and "max_epochs: 2" in saved.read_text()
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(540)
 @pytest.mark.parametrize("package", ["lightning.pytorch", pytest.param("pytorch_lightning", marks=pytest.mark.conformance)])
 def test_a_cli_subclass_with_its_own_save_config_callback_and_trainer_defaults(tmp_path: Path, package: str) -> None:
     """The issue's program: `lightning.pytorch` classes, a LightningCLI subclass (linked arguments, before_fit),

@@ -18,7 +18,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(660)
 @pytest.mark.parametrize("processes", [1, pytest.param(2, marks=pytest.mark.conformance)])
 @pytest.mark.parametrize("package", ["lightning.pytorch", "pytorch_lightning"])
 def test_a_program_needs_only_its_own_lightning_package(tmp_path: Path, package: str, processes: int) -> None:
@@ -33,7 +33,7 @@ def test_a_program_needs_only_its_own_lightning_package(tmp_path: Path, package:
 def _run(what: str, package: str, processes: int, out: Path) -> dict[str, Any]:
     command = [sys.executable, "-m", "tests.conformance.one_package_program", what, package, str(processes), str(out)]
     done = subprocess.run(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
-                          text=True, timeout=420)
+                          text=True, timeout=300)
     assert done.returncode == 0, f"{what}: {done.stderr[-3000:]}"
     result: dict[str, Any] = json.loads((out / f"{what}.json").read_text())
     return result
