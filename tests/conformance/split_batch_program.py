@@ -69,11 +69,14 @@ class SplitBatchModel(pl.LightningModule):
                 environment.node_rank(), environment.creates_processes_externally]
         self.strategy_reads.update({name: str(getattr(strategy, name)) for name in read})
         strategy.barrier("probe")
-        value = torch.tensor([float(rank + 1)])
+        def value() -> torch.Tensor:  # a fresh tensor each time: Lightning's reduce overwrites its input (ours does not)
+            return torch.tensor([float(rank + 1)])
+
         self.strategy_reads["collectives"] = {
             "broadcast": strategy.broadcast({"from": rank}), "broadcast_src0": strategy.broadcast(rank, src=0),
-            "reduce_mean": strategy.reduce(value).tolist(), "reduce_sum": strategy.reduce(value, reduce_op="sum").tolist(),
-            "all_gather": strategy.all_gather(value).tolist()}
+            "reduce_mean": strategy.reduce(value()).tolist(),
+            "reduce_sum": strategy.reduce(value(), reduce_op="sum").tolist(),
+            "all_gather": strategy.all_gather(value()).tolist()}
 
     def _loss(self, batch: Any) -> torch.Tensor:
         return torch.nn.functional.mse_loss(self.net(batch[0]), batch[1])
