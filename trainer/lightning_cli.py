@@ -12,9 +12,9 @@ is Lightning's code path.
 each copy accepts only its own package's classes. `LightningCLI`, `ArgumentParser` and `SaveConfigCallback`
 here are bound to one of them when they are instantiated, by this rule:
 
-1. the package the classes handed to the CLI derive from: `model_class`, `datamodule_class`,
-   `trainer_class`, `save_config_callback`, `parser_class`, `trainer_defaults` (its callbacks, loggers,
-   ...), and the CLI subclass's own bases, in that order; the first one found wins;
+1. the package the classes handed to the CLI derive from (`model_class`, `datamodule_class`, `trainer_class`,
+   `save_config_callback`, `parser_class`, the objects in `trainer_defaults`: the first Lightning class among
+   the arguments, in the order given), then the CLI subclass's own bases;
 2. else the package the program has imported (`lightning.pytorch` when both are);
 3. else the one installed (`lightning` first).
 
