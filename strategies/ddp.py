@@ -26,6 +26,7 @@ from strategies.base import BackwardPass, Strategy, check_accelerator, check_gro
 from strategies.checkpoint_io import CheckpointIO
 from strategies.environment import (ClusterEnvironment, check_launch_matches, detect_environment,
                                     processes_launched_externally, processes_outlive_stages)
+from strategies.environment.lightning_api import LightningEnvironmentView
 from strategies.hang_guard import HangGuard
 from strategies.preemption import PreemptionPolicy
 from strategies.reducer_options import ReducerOptions, check_bool, check_positive_number, option_property
@@ -159,6 +160,29 @@ class DDPStrategy(Strategy):
     @override
     def restart_count(self) -> int:
         return self.environment.restart_count
+
+    # Lightning's ParallelStrategy reads these; programs do too (e.g. to split a batch per process).
+    @property
+    def num_processes(self) -> int:
+        """Processes on this node (Lightning's `len(parallel_devices)`)."""
+        return self.devices
+
+    @property
+    def parallel_devices(self) -> list[torch.device]:
+        """This node's devices, one per process, as Lightning lists them."""
+        if self.accelerator == "cuda":
+            return [torch.device("cuda", index) for index in range(self.devices)]
+        return [torch.device(self.accelerator)] * self.devices
+
+    @property
+    def cluster_environment(self) -> LightningEnvironmentView:
+        """The environment, with Lightning's `ClusterEnvironment` API (`world_size()`, `main_address`, ...)."""
+        return LightningEnvironmentView(self.environment, launched=self._environment is not None)
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int]:
+        """What a DistributedSampler needs for this rank, as Lightning's DDPStrategy gives it."""
+        return {"num_replicas": self.num_nodes * self.num_processes, "rank": self.global_rank}
 
     # ------------------------------------------------------------------ lifecycle
     @override

@@ -1,32 +1,19 @@
 """Lightning's classes, recognised by type, without ever importing Lightning.
 
-An object can only be an instance of one of Lightning's classes if Lightning is already imported, so
-the class is looked up among the modules already loaded (both of Lightning's package names). A
-user's own class that happens to share a name with Lightning's (`EarlyStopping`) is then never
-taken for Lightning's, and a process that never imported Lightning pays one dictionary lookup.
+The rule lives in strategies/lightning_types.py (the strategies need it too): a class is Lightning's
+when its MRO holds a class of that name defined inside `lightning.pytorch` or `pytorch_lightning`,
+so both packages are accepted alike, a process that never imported Lightning pays a walk of one MRO,
+and a user's class that shares a name with Lightning's (`EarlyStopping`) is never taken for it.
 """
 
 from __future__ import annotations
 
-import sys
+from strategies.lightning_types import derives_from, is_instance, loaded_packages, package_of
 
-_PACKAGES = ("lightning.pytorch", "pytorch_lightning")
-
-
-def lightning_classes(path: str) -> tuple[type, ...]:
-    """Lightning's class at `path` (relative to the package, e.g. "callbacks.EarlyStopping" or
-    "LightningDataModule") in each Lightning package this process has imported."""
-    module_path, _, name = path.rpartition(".")
-    found = []
-    for package in _PACKAGES:
-        module = sys.modules.get(f"{package}.{module_path}" if module_path else package)
-        cls = getattr(module, name, None) if module is not None else None
-        if isinstance(cls, type):
-            found.append(cls)
-    return tuple(found)
+__all__ = ["derives_from", "is_lightning_instance", "loaded_packages", "package_of"]
 
 
 def is_lightning_instance(obj: object, path: str) -> bool:
-    """True when `obj` is an instance of Lightning's class at `path` (see `lightning_classes`)."""
-    classes = lightning_classes(path)
-    return bool(classes) and isinstance(obj, classes)
+    """True when `obj` is an instance of Lightning's class at `path`, relative to either package
+    ("callbacks.Callback", "LightningDataModule", ...)."""
+    return is_instance(obj, path)

@@ -5,7 +5,8 @@ its trainer's private connectors. For such a module we bind our implementations 
 those methods on the instance for the duration of a run, and remove them afterwards (so the
 module pickles and behaves as before). Our own `LightningModule` needs none of this.
 
-`manual_backward` stays the module's class's own (Lightning's, or the user's override of it): it
+`manual_backward` stays the module's own (its class's: Lightning's or the user's override; or a callable the
+user set on the instance, such as a wrapper that records calls, which is kept and put back afterwards): it
 checks manual optimization with Lightning's exception and ends in `self.trainer.strategy.backward(loss,
 None, ...)`, expecting the strategy to run the trainer's side of a backward (precision scaling,
 `on_before_backward`/`on_after_backward`). Our strategies only run the pass and its gradient sync, so
@@ -67,6 +68,11 @@ def unbind_api(module: nn.Module) -> None:
     for child in module.modules():
         for name in child.__dict__.pop("_bound_by_trainer", ()):
             child.__dict__.pop(name, None)
+        if "_manual_backward_of_user" in child.__dict__:
+            users = child.__dict__.pop("_manual_backward_of_user")
+            child.__dict__.pop("manual_backward", None)
+            if users is not None:
+                child.__dict__["manual_backward"] = users
 
 
 def _attach_one(module: nn.Module, trainer: Trainer) -> None:
@@ -74,20 +80,32 @@ def _attach_one(module: nn.Module, trainer: Trainer) -> None:
     module.__dict__.setdefault("_current_fx_name", None)
     if isinstance(module, LightningModule):
         return
-    for name, function in {**_BOUND_API, "manual_backward": _manual_backward}.items():
+    for name, function in _BOUND_API.items():
         if name not in module.__dict__:  # an attribute the user set on the instance stays theirs
             module.__dict__[name] = types.MethodType(function, module)
             module.__dict__.setdefault("_bound_by_trainer", set()).add(name)
+    if "_manual_backward_of_user" not in module.__dict__:
+        # The user's own instance attribute (a wrapper of Lightning's method) is kept, and run routed as well.
+        module.__dict__["_manual_backward_of_user"] = module.__dict__.get("manual_backward")
+        module.__dict__["manual_backward"] = types.MethodType(_manual_backward, module)
 
 
 def _manual_backward(module: nn.Module, loss: Any, *args: Any, **kwargs: Any) -> None:
-    """A Lightning module's own `manual_backward` (its class's: Lightning's, or the user's override),
-    run with `self.trainer` routing the backward it asks of the strategy to our Trainer's."""
+    """A Lightning module's own `manual_backward` (the instance's own attribute if the user set one, else its
+    class's: Lightning's, or the user's override), run with `self.trainer` routing the backward it asks of
+    the strategy to our Trainer's."""
     trainer = module.__dict__["_trainer"]
+    if isinstance(trainer, _BackwardRouting):  # a user's wrapper calling the method it wraps: routed already
+        type(module).manual_backward(module, loss, *args, **kwargs)  # type: ignore[attr-defined]
+        return
     trained = trainer.lightning_module if trainer.lightning_module is not None else module
+    users = module.__dict__.get("_manual_backward_of_user")
     module.__dict__["_trainer"] = _BackwardRouting(trainer, trained)
     try:
-        type(module).manual_backward(module, loss, *args, **kwargs)  # type: ignore[attr-defined]
+        if users is not None:
+            users(loss, *args, **kwargs)
+        else:
+            type(module).manual_backward(module, loss, *args, **kwargs)  # type: ignore[attr-defined]
     finally:
         module.__dict__["_trainer"] = trainer
 

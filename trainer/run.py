@@ -31,6 +31,7 @@ from trainer.loops.metric_writes import write_logger_metrics
 from trainer.loops.prediction_run import PredictionRun
 from trainer.loops.resume import ResumePoint
 from trainer.loops.preemption import default_resume_candidates, discard_if_consumed, preemption_checkpoint_path
+from strategies.lightning_types import register_strategy_types
 from trainer.module_adapter import align_lightning_rank, attach, automatic_optimization, check_module, unbind_api
 from trainer.optimizers import ManualOptimizer, NoOptimizer, check_schedulers, init_optimizers
 from trainer.profiler import is_profiling
@@ -56,6 +57,7 @@ def run_stage(trainer: Trainer, stage: str, model: nn.Module, data: dict[str, An
         # belongs to Lightning's epoch loop, which keeps it until the next batch runs
         trainer.fit_run = FitRun(is_last_batch=trainer.fit_run.is_last_batch)
     align_lightning_rank(trainer.global_rank)
+    register_strategy_types()  # on every rank: a worker imports the program's Lightning when the stage arrives
     trainer.state.fn, trainer.state.stage = stage, _RUNNING_STAGE[stage]
     trainer.data.reset({"train": data.get("train_dataloaders"), "validate": data.get("val_dataloaders")}
                        if stage == "fit" else {_DATA_STAGE[stage]: data.get("dataloaders")})

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from strategies import Strategy
+from strategies.lightning_types import register_strategy_types
 from trainer.assembly import build_callbacks, build_loggers, build_strategy
 from trainer.callbacks.dispatch import is_early_stopping, is_progress_bar
 from trainer.checkpointing import build_checkpoint
@@ -148,6 +149,7 @@ class Trainer:
         vars(self).update({name: value for name, value in args.items() if name not in _BUILT_FROM})
         apply_backend_flags(deterministic, benchmark)
         self.strategy = build_strategy(args)
+        register_strategy_types()  # isinstance(trainer.strategy, Lightning's strategy types), once Lightning is imported
         self.loggers = build_loggers(args)
         self.profiler = resolve_profiler(profiler)
         self.callback_list = build_callbacks(args, self.profiler)

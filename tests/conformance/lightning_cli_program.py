@@ -2,23 +2,34 @@
 
     python -m tests.conformance.lightning_cli_program {lightning|ours} {cli|subclass|no_run} <CLI arguments>
 
+`$CLI_PACKAGE` is the Lightning package the program is written against (`pytorch_lightning`, the default, or
+`lightning.pytorch`): its module, datamodule and Lightning's CLI come from there. `$CLI_HIDE` names a package
+made uninstalled for this process (tests/conformance/hidden_package.py), to show the program needs only its own.
+
 `cli`: `LightningCLI(Model, Data, ...)` with subcommands; `subclass`: a LightningCLI subclass that adds
-and links an argument and runs a `before_fit` hook; `no_run`: `run=False`, then the program calls
+and links an argument and runs a `before_fit` hook, with a `SaveConfigCallback` subclass and a Lightning callback
+in `trainer_defaults`; `no_run`: `run=False`, then the program calls
 `cli.trainer.fit` itself. Each process writes what the program ended with to `$CLI_RESULTS/rank<r>.json` (under Lightning's
 `ddp` rank 1 runs the program too).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-import pytorch_lightning as pl
-import torch
-from torch.utils.data import DataLoader, TensorDataset
+from tests.conformance.hidden_package import hide_packages
+
+hide_packages(os.environ.get("CLI_HIDE", ""))
+PACKAGE = os.environ.get("CLI_PACKAGE", "pytorch_lightning")
+pl: Any = importlib.import_module(PACKAGE)
+
+import torch  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 
 class Model(pl.LightningModule):
@@ -73,9 +84,22 @@ class Data(pl.LightningDataModule):
 def _cli_class(which: str) -> type:
     if which == "ours":
         from trainer.lightning_cli import LightningCLI
-    else:
-        from pytorch_lightning.cli import LightningCLI
-    return LightningCLI
+
+        return LightningCLI
+    return importlib.import_module(f"{PACKAGE}.cli").LightningCLI  # type: ignore[no-any-return]
+
+
+def _save_config_class(which: str) -> type:
+    base: Any = importlib.import_module("trainer.lightning_cli" if which == "ours" else f"{PACKAGE}.cli").SaveConfigCallback
+
+    class MarkingSaveConfig(base):  # type: ignore[misc]
+        """Lightning's documented customisation of where the config goes: here, also a mark on the module."""
+
+        def save_config(self, trainer: Any, pl_module: Any, stage: str) -> None:
+            super().save_config(trainer, pl_module, stage)
+            pl_module.config_saved_in = stage
+
+    return MarkingSaveConfig
 
 
 def _subclass(base: type) -> type:
@@ -93,10 +117,14 @@ def _subclass(base: type) -> type:
 
 def _result(cli: Any, outputs: Any = None) -> dict[str, Any]:
     trainer = cli.trainer
-    return {"trainer": type(trainer).__module__.split(".")[0], "rank": trainer.global_rank,
+    loaded = sorted(name for name in ("lightning", "pytorch_lightning") if sys.modules.get(name) is not None)
+    return {"trainer": type(trainer).__module__.split(".")[0], "rank": trainer.global_rank, "loaded": loaded,
             "global_step": trainer.global_step,
             "metrics": {key: round(float(value), 5) for key, value in sorted(trainer.callback_metrics.items())},
             "hparams": dict(cli.model.hparams), "before_fit": getattr(cli.model, "before_fit_ran", False),
+            "config_saved_in": getattr(cli.model, "config_saved_in", None),
+            "early_stopping": [type(c).__module__.split(".")[0] for c in trainer.callbacks
+                               if type(c).__name__ == "EarlyStopping"],
             "log_dir": trainer.log_dir, "outputs": outputs,
             "weights": round(float(sum(p.detach().sum() for p in cli.model.parameters())), 5)}
 
@@ -118,6 +146,9 @@ def main() -> None:
         outputs = cli.trainer.test(cli.model, datamodule=cli.datamodule, verbose=False)
         _write(_result(cli, outputs))
         return
+    if mode == "subclass":
+        common["save_config_callback"] = _save_config_class(which)
+        common["trainer_defaults"] = {"callbacks": [pl.callbacks.EarlyStopping(monitor="val_loss", patience=3)]}
     cli = cli_class(Model, Data, **common)
     _write(_result(cli))
 

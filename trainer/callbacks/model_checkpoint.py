@@ -313,6 +313,23 @@ class ModelCheckpoint(Callback):
         """Epochs between saves (0: not by epoch); 1 when no trigger was given."""
         return self._schedule.every_n_epochs
 
+    # Lightning's private names of the triggers, which subclasses written for Lightning's callback read.
+    @property
+    def _every_n_train_steps(self) -> int:
+        return self._schedule.every_n_train_steps
+
+    @property
+    def _every_n_epochs(self) -> int:
+        return self._schedule.every_n_epochs
+
+    @property
+    def _train_time_interval(self) -> timedelta | None:
+        return self._schedule.train_time_interval
+
+    @property
+    def _save_on_train_epoch_end(self) -> bool | None:
+        return self._schedule.save_on_train_epoch_end
+
     def _plan_monitored(self, value: Any, metrics: dict[str, Any], save: list[str], remove: list[str]) -> str:
         current = score_of(value, self.mode)
         where = f"Epoch {metrics['epoch']}, global step {metrics['step']}: {self.monitor!r}"

@@ -40,6 +40,12 @@ class SaveSchedule:
         self.save_on_train_epoch_end = save_on_train_epoch_end
         self._last_time_saved = time.monotonic()
 
+    def __eq__(self, other: object) -> bool:
+        """Equal settings and clock: a pickled and restored ModelCheckpoint equals the original (`vars(a) == vars(b)`)."""
+        return type(other) is type(self) and vars(self) == vars(other)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable (the clock), compared by value
+
     def steps_due(self, trainer: TrainerContract) -> bool:
         return self.every_n_train_steps >= 1 and trainer.global_step % self.every_n_train_steps == 0
 
