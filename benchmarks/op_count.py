@@ -35,6 +35,7 @@ HOST_ONLY = "data loading (host-side collate)"
 SOURCES: tuple[tuple[str, str | None, str], ...] = (
     ("strategies/reducer.py", "_absorb_grad", "reducer: gradient copied into its bucket"),
     ("strategies/buckets.py", "copy_in", "reducer: gradient copied into its bucket"),  # one foreach copy per bucket
+    ("strategies/buckets.py", "copy_one", "reducer: gradient copied into its bucket"),  # one gradient (a CPU)
     ("strategies/", None, "reducer/strategy: other"),
     ("trainer/loops/nonfinite.py", None, "non-finite check"),
     ("torch/optim/", None, "optimizer step"),
