@@ -97,7 +97,7 @@ def _unlock(directory: Path) -> None:
     directory.chmod(0o700)
 
 
-@pytest.mark.parametrize("devices", [1, 2])
+@pytest.mark.parametrize("devices", [1, pytest.param(2, marks=pytest.mark.conformance)])
 def test_an_unwritable_directory_fails_the_fit_naming_the_file_and_keeps_the_previous(tmp_path: Path,
                                                                                       devices: int) -> None:
     directory = tmp_path / "ckpt"

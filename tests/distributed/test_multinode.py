@@ -67,6 +67,7 @@ def _launch_two_nodes(tmp_path: Path, devices: int, timeout: float = 90) -> list
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.conformance
 def test_two_nodes_finish_with_identical_parameters(tmp_path: Path) -> None:
     results = _launch_two_nodes(tmp_path, devices=1)
     for node, result in enumerate(results):

@@ -321,8 +321,8 @@ def _used_after_all(rank: int, world_size: int, as_view: bool, set_to_none: bool
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("as_view, set_to_none", [(True, True), pytest.param(True, False, marks=pytest.mark.conformance),
-                                                 pytest.param(False, True, marks=pytest.mark.conformance)])
+@pytest.mark.parametrize("as_view, set_to_none", [(True, True), (True, False), (False, True)])
+@pytest.mark.conformance
 def test_parameters_marked_unused_but_used_after_all_average_exactly(as_view: bool, set_to_none: bool) -> None:
     """Their gradient (accumulated over no_sync, then this pass) is divided once and lands whole in the average."""
     assert run_on_ranks(_used_after_all, 2, as_view, set_to_none) == [0.0, 0.0]

@@ -164,6 +164,7 @@ def _one_rank_fails(rank: int, world_size: int, directory: str) -> str:
     return _reduce_and_report(rank, directory, numel=10, fail=rank == 1)
 
 
+@pytest.mark.conformance
 def test_a_failing_rank_stops_its_peers_at_once(tmp_path: Path) -> None:
     started = time.monotonic()
     messages = run_on_ranks(_one_rank_fails, 2, str(tmp_path))

@@ -232,6 +232,7 @@ def start(args: list[str], cwd: Path, **env: str) -> subprocess.Popen[str]:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.conformance
 def test_command_line_errors_and_introspection(tmp_path: Path) -> None:
     """Bad input: exit 2, one stderr line naming the key, no run directory (composition and
     validation fail before Hydra makes one). Also: HYDRA_FULL_ERROR=1 keeps the trace, and a
