@@ -1,31 +1,12 @@
-"""The `conformance` marker: slow differential runs (2 processes, the long tail of the corpus).
-
-They are skipped unless selected, so `make test` stays within its time budget on 2 cores:
-`pytest -m conformance tests/conformance` (or `DDP_CONFORMANCE=1 pytest tests/conformance`) runs them.
-"""
+"""The slow differential runs (2 processes, the long tail of the corpus) carry the `conformance` marker
+(tests/conftest.py): skipped unless selected, so `make test` stays within its time budget on 2 cores."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
 import torch
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "conformance: slow differential run against Lightning (skipped unless "
-                                       "selected with -m conformance or DDP_CONFORMANCE=1)")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    selected = "conformance" in (config.getoption("markexpr", "") or "") or os.environ.get("DDP_CONFORMANCE") == "1"
-    if selected:
-        return
-    skip = pytest.mark.skip(reason="slow conformance run: select with -m conformance or DDP_CONFORMANCE=1")
-    for item in items:
-        if item.get_closest_marker("conformance") is not None and "/tests/conformance/" in str(item.fspath):
-            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)
