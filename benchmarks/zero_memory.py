@@ -76,12 +76,13 @@ class _Count(Callback):
         Path(self.out, f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
 
 
-def measure(workload: str, zero_stage: int, devices: int, steps: int, accumulate: int = 1) -> list[dict[str, int]]:
+def measure(workload: str, zero_stage: int, devices: int, steps: int, accumulate: int = 1,
+            bucket_cap_mb: float = 25.0) -> list[dict[str, int]]:
     net = _Net(workload)
     samples = 8 * steps * devices * accumulate
     loader = torch.utils.data.DataLoader(WORKLOADS[workload].dataset(samples), batch_size=8)
     with tempfile.TemporaryDirectory() as out:
-        trainer = Trainer(accelerator="cpu", devices=devices, strategy=DDPStrategy(zero_stage=zero_stage),
+        trainer = Trainer(accelerator="cpu", devices=devices, strategy=DDPStrategy(zero_stage=zero_stage, bucket_cap_mb=bucket_cap_mb),
                           max_steps=steps, accumulate_grad_batches=accumulate, logger=False,
                           enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                           callbacks=[_Count(out)])
@@ -102,14 +103,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--accumulate", type=int, default=1, help="accumulate_grad_batches (the window column)")
     parser.add_argument("--stages", default="0,1,2")
+    parser.add_argument("--bucket-cap-mb", type=float, default=25.0, help="smaller buckets: a lower stage-2 peak")
     args = parser.parse_args(argv)
     n = args.devices
-    print(f"{args.workload}, AdamW, fp32 weights, {n} ranks, accumulate_grad_batches={args.accumulate}: "
+    print(f"{args.workload}, AdamW, fp32 weights, {n} ranks, accumulate_grad_batches={args.accumulate}, "
+          f"bucket_cap_mb={args.bucket_cap_mb:g}: "
           "bytes per parameter per rank")
     print(f"{'zero_stage':>10} {'rank':>4} {'weights':>8} {'grads':>6} {'state':>6} {'total':>6}  {'formula':<16}"
           f" {'peak':>6} {'window':>6}")
     for stage in (int(value) for value in args.stages.split(",")):
-        for rank, record in enumerate(measure(args.workload, stage, n, args.steps, args.accumulate)):
+        for rank, record in enumerate(measure(args.workload, stage, n, args.steps, args.accumulate, args.bucket_cap_mb)):
             count = record["parameters"]
             parts = [record[key] / count for key in ("weights", "gradients", "optimizer_state")]
             print(f"{stage:>10} {rank:>4} {parts[0]:>8.3f} {parts[1]:>6.3f} {parts[2]:>6.3f} {sum(parts):>6.3f}"

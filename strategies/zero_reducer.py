@@ -79,6 +79,8 @@ class ShardedGradReducer(GradReducer):
             finished.value()  # raises the transport's error, if any
             if self._releases:
                 self._release(bucket)
+                for param in bucket.parameters:  # no `.grad` may point into released memory: a second
+                    param.grad = None  # gradient this pass (an error the hook names) must not be written there
             return bucket.buffer()
 
         return future.then(done)
@@ -92,7 +94,7 @@ class ShardedGradReducer(GradReducer):
 
     def _finalize(self) -> None:
         super()._finalize()  # its after_sync binds the optimizer's segments to `gradient_shards`
-        if self._releases:  # the slots' memory is gone: no parameter may keep a view of it
+        if self._releases:  # the slots' memory is gone: write_back pointed `.grad`s at them again for the binding
             for param in self.parameters:
                 param.grad = None
 

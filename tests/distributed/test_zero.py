@@ -227,6 +227,19 @@ def test_resume_is_exact_and_loads_at_any_world_size(stage: int, tmp_path: Path)
             assert torch.equal(mine["step"], whole["step"])
 
 
+@pytest.mark.conformance
+@pytest.mark.parametrize("stage", [1, 2])
+def test_resume_at_another_world_size_continues_exactly_as_zero_stage_0(stage: int, tmp_path: Path) -> None:
+    """A 2-rank checkpoint resumed by 3 ranks: sharded in thirds, it trains on exactly as zero_stage=0 does
+    from the same file (the shared-memory sums run in rank order at any world size)."""
+    sharded = _checkpointed(stage, tmp_path)
+    plain, _ = _fit(0, tmp_path / "plain3", devices=3, ckpt_path=sharded["path"], optimizer="adam", scheduler=True)
+    resumed, _ = _fit(stage, tmp_path / "zero3", devices=3, ckpt_path=sharded["path"], optimizer="adam",
+                      scheduler=True)
+    assert not torch.equal(resumed.first.weight, sharded["state_dict"]["first.weight"])  # it trained on
+    _assert_same_weights(plain, resumed)
+
+
 # ---------------------------------------------------------------------- inside Lightning's Trainer
 @pytest.mark.timeout(JOB_TIMEOUT_S + 30)
 def test_the_plug_in_inside_lightnings_trainer_is_bit_identical_and_writes_the_same_checkpoint(
