@@ -82,7 +82,8 @@ def measure(workload: str, zero_stage: int, devices: int, steps: int, accumulate
     samples = 8 * steps * devices * accumulate
     loader = torch.utils.data.DataLoader(WORKLOADS[workload].dataset(samples), batch_size=8)
     with tempfile.TemporaryDirectory() as out:
-        trainer = Trainer(accelerator="cpu", devices=devices, strategy=DDPStrategy(zero_stage=zero_stage, bucket_cap_mb=bucket_cap_mb),
+        strategy = DDPStrategy(zero_stage=zero_stage, bucket_cap_mb=bucket_cap_mb)
+        trainer = Trainer(accelerator="cpu", devices=devices, strategy=strategy,
                           max_steps=steps, accumulate_grad_batches=accumulate, logger=False,
                           enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                           callbacks=[_Count(out)])
@@ -112,11 +113,13 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'zero_stage':>10} {'rank':>4} {'weights':>8} {'grads':>6} {'state':>6} {'total':>6}  {'formula':<16}"
           f" {'peak':>6} {'window':>6}")
     for stage in (int(value) for value in args.stages.split(",")):
-        for rank, record in enumerate(measure(args.workload, stage, n, args.steps, args.accumulate, args.bucket_cap_mb)):
+        records = measure(args.workload, stage, n, args.steps, args.accumulate, args.bucket_cap_mb)
+        for rank, record in enumerate(records):
             count = record["parameters"]
             parts = [record[key] / count for key in ("weights", "gradients", "optimizer_state")]
             print(f"{stage:>10} {rank:>4} {parts[0]:>8.3f} {parts[1]:>6.3f} {parts[2]:>6.3f} {sum(parts):>6.3f}"
-                  f"  {formulas(n)[stage]:<16} {record['gradient_peak'] / count:>6.3f} {record['window'] / count:>6.3f}")
+                  f"  {formulas(n)[stage]:<16} {record['gradient_peak'] / count:>6.3f}"
+                  f" {record['window'] / count:>6.3f}")
 
 
 if __name__ == "__main__":

@@ -111,9 +111,9 @@ class ZeroShards:
             first, last = max(low, offset), min(high, offset + numel)
             if last > first:
                 if not param.is_contiguous():
-                    raise ValueError(f"zero_stage={self.zero_stage} steps a slice of each parameter in place, so parameters must be "
-                                     f"contiguous; parameter {index} of shape {tuple(param.shape)} is not (a "
-                                     "channels_last module?). Keep the module contiguous, or use zero_stage=0.")
+                    raise ValueError(f"zero_stage={self.zero_stage} steps a slice of each parameter in place, so "
+                                     f"parameters must be contiguous; parameter {index} of shape {tuple(param.shape)} "
+                                     "is not (a channels_last module?). Keep it contiguous, or use zero_stage=0.")
                 segment = Segment(index, bucket_index, first - offset, last - first, first - low)
                 self.segments[index] = segment
                 self.tensors[index] = param.detach().view(-1)[segment.start:segment.start + segment.length]
@@ -240,10 +240,11 @@ def check_elementwise(optimizer: torch.optim.Optimizer) -> None:
     known = cls.__module__.startswith("torch.optim") and cls.__name__ in ELEMENTWISE
     if known or getattr(cls, SHARDABLE_ATTRIBUTE, False) is True:
         return
-    raise TypeError(f"ZeRO (zero_stage 1 or 2) cannot shard {cls.__module__}.{cls.__qualname__}: each rank steps an even 1/N of "
-                    f"every bucket, cut through parameters, which is exact only for an optimizer whose update of an "
-                    f"element reads that element alone (torch.optim's {', '.join(ELEMENTWISE)}). Use zero_stage=0 "
-                    f"for it, or, if its update is elementwise, set `{cls.__name__}.{SHARDABLE_ATTRIBUTE} = True`.")
+    raise TypeError(f"ZeRO (zero_stage 1 or 2) cannot shard {cls.__module__}.{cls.__qualname__}: each rank steps an "
+                    "even 1/N of every bucket, cut through parameters, which is exact only for an optimizer whose "
+                    f"update of an element reads that element alone (torch.optim's {', '.join(ELEMENTWISE)}). Use "
+                    f"zero_stage=0 for it, or, if its update is elementwise, set "
+                    f"`{cls.__name__}.{SHARDABLE_ATTRIBUTE} = True`.")
 
 
 class ShardedOptimizer:
@@ -292,9 +293,10 @@ class ShardedOptimizer:
     def grad_norm(self) -> torch.Tensor:
         """A collective: the 2-norm of all of this optimizer's (averaged) gradients across the shards."""
         segments = {id(self.shards.tensors[index]) for index in self.indexes if index in self.shards.tensors}
-        params = [param for group in self.optimizer.param_groups for param in group["params"] if param.grad is not None]
-        return self.shards.global_norm([param.grad for param in params if id(param) in segments],  # type: ignore[misc]
-                                       [param.grad for param in params if id(param) not in segments])  # type: ignore[misc]
+        grads = [(id(param), param.grad) for group in self.optimizer.param_groups for param in group["params"]
+                 if param.grad is not None]
+        return self.shards.global_norm([grad for key, grad in grads if key in segments],
+                                       [grad for key, grad in grads if key not in segments])
 
     def _after_step(self) -> None:
         self.shards.gather(self.buckets)
@@ -472,9 +474,9 @@ def shard_optimizers(optimizers: Sequence[torch.optim.Optimizer], shards: ZeroSh
     """Shard every optimizer that has parameters (`shard_optimizer`); the first one's first step also measures
     every rank's state bytes (`ZeroShards.summary`). `loss_scaling` (a GradScaler steps them) is refused."""
     if loss_scaling:
-        raise ValueError(f"zero_stage={shards.zero_stage} cannot run with a loss scaler (precision='16-mixed'): each rank would judge "
-                         "overflow on its own shard and skip steps alone. Use precision='bf16-mixed' or '32-true', "
-                         "or zero_stage=0.")
+        raise ValueError(f"zero_stage={shards.zero_stage} cannot run with a loss scaler (precision='16-mixed'): each "
+                         "rank would judge overflow on its own shard and skip steps alone. Use "
+                         "precision='bf16-mixed' or '32-true', or zero_stage=0.")
     sharded = [shard_optimizer(optimizer, shards) for optimizer in optimizers
                if any(group["params"] for group in optimizer.param_groups)]
     if sharded:

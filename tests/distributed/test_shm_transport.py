@@ -94,7 +94,8 @@ def _reduce_scatter_against_all_reduce(rank: int, world_size: int, directory: st
         summed = tensor.clone()
         transport.all_reduce_async(summed).wait()
         mine = summed[rank * chunk:(rank + 1) * chunk]
-        exact_as_all_reduce &= torch.equal(out, mine) and torch.equal(same_buffer[rank * chunk:(rank + 1) * chunk], mine)
+        exact_as_all_reduce &= torch.equal(out, mine)
+        exact_as_all_reduce &= torch.equal(same_buffer[rank * chunk:(rank + 1) * chunk], mine)
         exact_as_all_reduce &= torch.equal(same_buffer[:rank * chunk], tensor[:rank * chunk])  # the rest: untouched
         expected = torch.empty_like(out)
         dist.reduce_scatter_single(expected, tensor.clone())
