@@ -81,7 +81,7 @@ class CommHookState:
         (it may be that chunk of `tensor` itself), asynchronously, by the reducer's transport: ZeRO's gradients
         (strategies/zero_reducer.py). Over gloo it is an all-reduce of which this rank keeps its chunk: gloo's
         `reduce_scatter_single` (torch 2.13) has no future, so it could not overlap backward, and it took 2.4x
-        an all-reduce's time (32 MiB, 2 ranks: 135 vs 56 ms); nccl's is used as it is."""
+        an all-reduce's time (32 MiB, 2 ranks: 134 vs 56 ms, benchmarks/allreduce_micro.py); nccl's is used as it is."""
         if self.shared_memory is not None:
             return self.shared_memory.reduce_scatter_async(tensor, output)  # the all-reduce's bits
         if dist.get_backend(self.process_group) == "gloo":
