@@ -51,6 +51,7 @@ class ShardedGradReducer(GradReducer):
         self._releases = self.zero_stage >= 2 and self.world_size > 1
         self._bytes_lock = threading.Lock()  # the transport's thread releases buckets while backward allocates
         self._allocated = [True] * len(self.layout.buckets)
+        self._zeros: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}  # what released `.grad`s expand
         self.gradient_shards = [self._shard_of(bucket) for bucket in self.layout.buckets]
         self._held = self._peak = sum(bucket.nbytes for bucket in self.layout.buckets)
         if self.world_size > 1:
@@ -79,8 +80,7 @@ class ShardedGradReducer(GradReducer):
             finished.value()  # raises the transport's error, if any
             if self._releases:
                 self._release(bucket)
-                for param in bucket.parameters:  # no `.grad` may point into released memory: a second
-                    param.grad = None  # gradient this pass (an error the hook names) must not be written there
+                self._unlink_grads(bucket)
             return bucket.buffer()
 
         return future.then(done)
@@ -94,7 +94,7 @@ class ShardedGradReducer(GradReducer):
 
     def _finalize(self) -> None:
         super()._finalize()  # its after_sync binds the optimizer's segments to `gradient_shards`
-        if self._releases:  # the slots' memory is gone: write_back pointed `.grad`s at them again for the binding
+        if self._releases:  # the slots' memory is gone: the optimizer's segments hold the gradients now
             for param in self.parameters:
                 param.grad = None
 
@@ -108,6 +108,19 @@ class ShardedGradReducer(GradReducer):
         with self._bytes_lock:
             self._held += bucket.nbytes
             self._peak = max(self._peak, self._held)
+
+    def _unlink_grads(self, bucket: GradBucket) -> None:
+        """No `.grad` may stay a view of released memory: autograd would write a second gradient of this pass
+        (reentrant checkpointing; the reducer's hook names that error) into it. Each becomes a memory-less
+        zero of its shape (an expanded scalar, into which autograd refuses to accumulate), not None: the
+        unused-parameter map and the optimizer's binding, at the end of the pass, still see it had one."""
+        for param in bucket.parameters:
+            if param.grad is not None:
+                key = (param.dtype, param.device)
+                zero = self._zeros.get(key)
+                if zero is None:
+                    zero = self._zeros[key] = torch.zeros((), dtype=param.dtype, device=param.device)
+                param.grad = zero.expand(param.shape)
 
     def _release(self, bucket: GradBucket) -> None:
         bucket.buffer().untyped_storage().resize_(0)
