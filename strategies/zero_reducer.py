@@ -8,8 +8,9 @@ rank's chunk of the sum lands in `gradient_shards[bucket]`. With the all-gather 
 parameters after the step, the bytes per step are an all-reduce's, as under `zero_stage=0`.
 
 The shard's values are the all-reduce's: on CPU ranks of one host the shared-memory transport sums
-each chunk in rank order either way; over gloo or nccl, with two ranks a + b has one order. Outside
-this rank's shard a bucket then holds this rank's own (divided) gradient, not the average.
+each chunk in rank order either way; over gloo (an all-reduce of which the rank keeps its chunk: see
+`CommHookState.reduce_scatter_async`) or nccl, with two ranks a + b has one order. Outside this rank's
+shard a bucket then holds this rank's own (divided) gradient, not the average (over gloo, the average).
 
 Stage 1 (`zero_stage=1`): `gradient_shards[b]` is this rank's chunk of bucket b's buffer itself (the
 reduce-scatter writes in place), the buffers stay, and every parameter's `.grad` is its slot, as at
@@ -19,7 +20,8 @@ Stage 2 (`zero_stage=2`): `gradient_shards[b]` is a buffer of its own, the only 
 between steps (4 + 12/N). A bucket's full buffer exists only while it is being filled and reduced: its
 memory is allocated when its first gradient of a synchronised pass arrives and released (the storage
 resized to nothing; the slot views keep their place) as soon as its reduce-scatter is done, on the
-transport's thread, while backward goes on. After the pass every reducer parameter's `.grad` is None:
+transport's thread, while backward goes on (the bucket's `.grad`s become memory-less expanded zeros
+then, `_unlink_grads`). After the pass every reducer parameter's `.grad` is None:
 the optimizer's segments hold the gradients (strategies/zero.py binds them). Inside an accumulation
 window (`no_sync`) autograd accumulates each rank's full local gradient in plain `.grad` tensors, as
 without ZeRO (4 bytes per parameter until the window's last micro-batch, whose backward moves them
