@@ -20,9 +20,9 @@ test: $(STAMP)
 	$(PY) -m mypy
 	$(PY) -m pytest -q
 
-# The slow runs: the differential corpus against Lightning's own Trainer, the long ZeRO parity cases.
+# The slow runs make test skips: differential runs against Lightning, fault and kill scenarios, more parametrisations.
 conformance: $(STAMP)
-	$(PY) -m pytest -q -m conformance tests
+	$(PY) -m pytest -q -m conformance
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run

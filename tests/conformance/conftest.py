@@ -1,5 +1,8 @@
-"""The slow differential runs (2 processes, the long tail of the corpus) carry the `conformance` marker
-(tests/conftest.py): skipped unless selected, so `make test` stays within its time budget on 2 cores."""
+"""The differential runs against Lightning: one CPU thread per test, as each rank has.
+
+The `conformance` marker that keeps their slow part out of `make test` is defined for the whole
+suite in tests/conftest.py.
+"""
 
 from __future__ import annotations
 

@@ -59,7 +59,7 @@ def _compare_with_gloo(rank: int, world_size: int, directory: str) -> dict[str, 
     return {"worst": worst, "identical": identical, "files_after_setup": files_after_setup}
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", [2, pytest.param(3, marks=pytest.mark.conformance)])
 def test_sums_like_gloo_in_every_dtype_and_size(world_size: int, tmp_path: Path) -> None:
     results = run_on_ranks(_compare_with_gloo, world_size, str(tmp_path))
     for rank, result in enumerate(results):
@@ -125,12 +125,14 @@ def _connect(rank: int, world_size: int, transport: str, directory: str, split_h
 
 
 @pytest.mark.parametrize("split_hosts", [False, True], ids=["no-shm-dir", "two-hosts"])
+@pytest.mark.conformance
 def test_auto_falls_back_to_the_process_group_on_every_rank(split_hosts: bool, tmp_path: Path) -> None:
     directory = str(tmp_path) if split_hosts else str(tmp_path / "missing")
     assert run_on_ranks(_connect, 2, "auto", directory, split_hosts) == [None, None]
     assert run_on_ranks(_connect, 2, "auto", str(tmp_path), False) == ["shared_memory", "shared_memory"]
 
 
+@pytest.mark.conformance
 def test_shared_memory_that_cannot_be_had_is_an_error_naming_why(tmp_path: Path) -> None:
     with pytest.raises(RankFailed, match=r"unavailable: rank 0: .*missing does not exist.*transport='auto'"):
         run_on_ranks(_connect, 2, "shared_memory", str(tmp_path / "missing"), False)
@@ -156,6 +158,7 @@ def _one_rank_never_arrives(rank: int, world_size: int, directory: str) -> str:
     return message
 
 
+@pytest.mark.conformance
 def test_a_peer_that_never_arrives_is_an_error_naming_it(tmp_path: Path) -> None:
     message = run_on_ranks(_one_rank_never_arrives, 2, str(tmp_path))[0]
     assert "rank 0 waited" in message and "for rank 1 to copy its gradients in" in message, message
@@ -188,6 +191,7 @@ def _mismatched_sizes(rank: int, world_size: int, directory: str) -> str:
     return _reduce_and_report(rank, directory, numel=10 + 2 * rank, fail=False)
 
 
+@pytest.mark.conformance
 def test_ranks_sending_different_sizes_fail_instead_of_summing_garbage(tmp_path: Path) -> None:
     started = time.monotonic()
     messages = run_on_ranks(_mismatched_sizes, 2, str(tmp_path))
