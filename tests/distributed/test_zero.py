@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from strategies import DDPStrategy
+from strategies.worker_failure import WorkerFailedError
 from tests.helpers.zero_models import ZeroNet, zero_data
 from tests.integration.test_lightning_adapter import JOB_TIMEOUT_S, _run
 from trainer import Trainer
@@ -131,14 +132,16 @@ def _state_bytes(optimizer: torch.optim.Optimizer) -> int:
                for value in state.values() if isinstance(value, torch.Tensor))
 
 
+# Every rank refuses at setup; the caller (rank 0) raises its own error, or the worker's (naming the rank and
+# carrying its message) when that one is seen first, which a loaded machine decides.
 def test_an_optimizer_that_is_not_elementwise_is_refused_by_name() -> None:
-    with pytest.raises(TypeError, match="LBFGS"):
+    with pytest.raises((TypeError, WorkerFailedError), match="cannot shard torch.optim.lbfgs.LBFGS"):
         _fit(1, optimizer="lbfgs", max_epochs=1)
 
 
 def test_a_loss_scaler_is_refused() -> None:
     """16-mixed: each rank's GradScaler would judge overflow on its own shard and skip a step alone."""
-    with pytest.raises(ValueError, match="16-mixed"):
+    with pytest.raises((ValueError, WorkerFailedError), match="cannot run with a loss scaler"):
         _fit(1, precision="16-mixed", max_epochs=1)
 
 
