@@ -77,14 +77,16 @@ PARITY_CASES = {
     "compiled": {"optimizer": "adamw", "compiled": True},
     "gloo-reduce-scatter": {"optimizer": "adamw", "transport": "process_group"},
 }
-# Stage 2 in `make test`: the accumulation window with an unused parameter, and the norm across shards over gloo.
-STAGE_2_FAST = ("adamw-accumulate4-unused", "gloo-clip-norm")
+# In `make test`, one case per stage (the rest run in `make conformance`): stage 1 with clipping (the norm
+# across shards), stage 2 in an accumulation window with an unused parameter.
+FAST = {1: ("adamw-clip-norm",), 2: ("adamw-accumulate4-unused",)}
 
 
-def _stage_2_cases() -> list[Any]:
-    cases = {**PARITY_CASES, "gloo-clip-norm": {"optimizer": "adamw", "gradient_clip_val": 0.05,
-                                                "transport": "process_group"}}
-    return [pytest.param(case, id=name, marks=() if name in STAGE_2_FAST else pytest.mark.conformance)
+def _cases(stage: int) -> list[Any]:
+    cases = dict(PARITY_CASES)
+    if stage == 2:
+        cases["gloo-clip-norm"] = {"optimizer": "adamw", "gradient_clip_val": 0.05, "transport": "process_group"}
+    return [pytest.param(case, id=name, marks=() if name in FAST[stage] else pytest.mark.conformance)
             for name, case in cases.items()]
 
 
@@ -99,12 +101,12 @@ def _assert_same_as_zero_stage_0(zero_stage: int, case: dict[str, Any]) -> tuple
     return sharded, trainer
 
 
-@pytest.mark.parametrize("case", PARITY_CASES.values(), ids=PARITY_CASES.keys())
+@pytest.mark.parametrize("case", _cases(1))
 def test_stage_1_weights_equal_zero_stage_0(case: dict[str, Any]) -> None:
     _assert_same_as_zero_stage_0(1, case)
 
 
-@pytest.mark.parametrize("case", _stage_2_cases())
+@pytest.mark.parametrize("case", _cases(2))
 def test_stage_2_weights_equal_zero_stage_0_and_each_rank_keeps_half_the_gradients(case: dict[str, Any]) -> None:
     _, trainer = _assert_same_as_zero_stage_0(2, case)
     zero = trainer.strategy.summary()["zero"]
@@ -114,6 +116,7 @@ def test_stage_2_weights_equal_zero_stage_0_and_each_rank_keeps_half_the_gradien
     assert full // 2 <= gradients["peak"] <= full + full // 2  # while backward runs: buckets come and go
 
 
+@pytest.mark.conformance
 def test_each_rank_holds_half_the_optimizer_state() -> None:
     plain, plain_trainer = _fit(0, optimizer="adam")
     sharded, trainer = _fit(1, optimizer="adam")
@@ -193,6 +196,7 @@ def _assert_same_state(expected: Any, actual: Any, where: str = "", rtol: float 
 
 
 @pytest.mark.parametrize("zero_stage", [1, pytest.param(2, marks=pytest.mark.conformance)])
+@pytest.mark.conformance
 def test_rank_0_writes_the_same_ordinary_optimizer_state_as_zero_stage_0(zero_stage: int, tmp_path: Path) -> None:
     plain, sharded = _checkpointed(0, tmp_path), _checkpointed(zero_stage, tmp_path)
     # Consolidated: numbered like the unsharded optimizer, every moment whole: the very dict plain DDP writes,
@@ -203,6 +207,7 @@ def test_rank_0_writes_the_same_ordinary_optimizer_state_as_zero_stage_0(zero_st
 
 
 @pytest.mark.parametrize("stage", [1, pytest.param(2, marks=pytest.mark.conformance)])
+@pytest.mark.conformance
 def test_resume_is_exact_and_loads_at_any_world_size(stage: int, tmp_path: Path) -> None:
     sharded = _checkpointed(stage, tmp_path)
     uninterrupted, _ = _fit(0, optimizer="adam", scheduler=True)
@@ -245,6 +250,7 @@ def test_resume_at_another_world_size_continues_exactly_as_zero_stage_0(stage: i
 
 # ---------------------------------------------------------------------- inside Lightning's Trainer
 @pytest.mark.timeout(JOB_TIMEOUT_S + 30)
+@pytest.mark.conformance
 def test_the_plug_in_inside_lightnings_trainer_is_bit_identical_and_writes_the_same_checkpoint(
         tmp_path: Path) -> None:
     """pytorch_lightning.Trainer + LightningDDPStrategy(zero_stage=1 and 2) against zero_stage=0: AdamW with two
