@@ -95,6 +95,7 @@ def test_same_weights_as_lightning_ddp(parity: dict[str, Any], case: str) -> Non
 
 
 @pytest.mark.timeout(JOB_TIMEOUT_S + 30)
+@pytest.mark.conformance
 def test_bf16_checkpoint_validation_and_test_loops(parity: dict[str, Any]) -> None:
     ddp, ours_run = parity["features-bf16"]["ddp"], parity["features-bf16"]["ours"]
     assert ours_run["test_loss"] == pytest.approx(ddp["test_loss"], abs=1e-6)
@@ -105,6 +106,7 @@ def test_bf16_checkpoint_validation_and_test_loops(parity: dict[str, Any]) -> No
 
 
 @pytest.mark.timeout(JOB_TIMEOUT_S + 30)
+@pytest.mark.conformance
 def test_compressed_comm_hook_by_name(parity: dict[str, Any]) -> None:
     run = parity["demo-bf16-hook"]["ours"]
     assert run["reducer"]["comm_hook"] == "bf16_compress"
@@ -168,6 +170,7 @@ def test_our_trainer_fits_lightning_demo_modules(ours: dict[str, Any], name: str
 
 
 @pytest.mark.timeout(JOB_TIMEOUT_S + 30)
+@pytest.mark.conformance
 def test_our_trainer_matches_lightning_ddp(ours: dict[str, Any], parity: dict[str, Any]) -> None:
     assert ours["demo"]["rank_diff"] == 0.0
     assert _max_diff(ours["demo"]["weights"], parity["demo"]["ddp"]["weights"]) < 1e-5
