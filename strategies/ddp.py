@@ -196,7 +196,8 @@ class DDPStrategy(Strategy):
                              f"the built-in launcher starts processes on this machine only.")
         in_place = external or self.devices * self.num_nodes == 1
         return launcher.launch(self, fn, args, kwargs, nprocs=self.devices, in_place=in_place,
-                               max_restarts=self.max_restarts, start_method=self.start_method)
+                               max_restarts=self.max_restarts, start_method=self.start_method,
+                               device_kind=self.accelerator, group=(self.process_group_backend, self.timeout))
 
     @override
     def setup_environment(self) -> None:

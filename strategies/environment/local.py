@@ -14,6 +14,14 @@ from strategies.environment.cluster_environment import ClusterEnvironment, env_i
 # Set by our launcher inside each worker it starts, so the worker knows the torch-elastic
 # variables it sees came from us and not from an outside torchrun.
 LOCAL_LAUNCH_MARKER = "DDP_TRAINER_LOCAL_WORKER"
+# Which process group of a shared pool a stage's ranks join (one pool serves many Trainers; a new
+# backend or timeout makes a new group on the same store, under its own keys).
+GROUP_GENERATION_VARIABLE = "DDP_TRAINER_GROUP_GENERATION"
+
+
+def rendezvous_prefix(restart_count: int, generation: int = 0) -> str:
+    """The keys one group's ranks meet under in a store that outlives groups (a restart, a new group)."""
+    return f"ddp_trainer/attempt_{restart_count}" + (f"/group_{generation}" if generation else "")
 
 
 class LocalEnvironment(ClusterEnvironment):
@@ -70,8 +78,9 @@ class LaunchingProcessEnvironment(ClusterEnvironment):
 
     creates_processes_externally = False
 
-    def __init__(self, world_size: int, store: dist.Store, restart_count: int = 0) -> None:
+    def __init__(self, world_size: int, store: dist.Store, restart_count: int = 0, generation: int = 0) -> None:
         self._world_size, self._store, self._restart_count = world_size, store, restart_count
+        self._generation = generation
 
     @classmethod
     def detect(cls) -> bool:
@@ -104,7 +113,7 @@ class LaunchingProcessEnvironment(ClusterEnvironment):
     @override
     def rendezvous_store(self) -> dist.Store:
         # The workers join under the same prefix (process_group._attempt_store): one per attempt.
-        return dist.PrefixStore(f"ddp_trainer/attempt_{self._restart_count}", self._store)
+        return dist.PrefixStore(rendezvous_prefix(self._restart_count, self._generation), self._store)
 
 
 class _LaunchingProcess:
