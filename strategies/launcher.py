@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 import torch
 
-from strategies import process_group
+from strategies import cell_sources, process_group
 from strategies.environment import LaunchingProcessEnvironment, use_launching_process_rank
 from strategies.forked_ranks import ForkedRanks, fork_blocker
 from strategies.hang_guard import LEDGER
@@ -373,7 +373,7 @@ def _serialize(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...]
     When something cannot be pickled, the error names every such object with its path.
     """
     try:
-        torch.save((strategy, fn, args, kwargs), path, pickle_module=cloudpickle,
+        torch.save((strategy, fn, args, kwargs), path, pickle_module=cell_sources,
                    pickle_protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as error:  # noqa: BLE001 - whatever a user's __getstate__ or __reduce__ raises
         if not diagnose:

@@ -20,6 +20,7 @@ import contextlib
 import multiprocessing
 import os
 import pickle
+import signal
 import tempfile
 import time
 from collections.abc import Callable
@@ -192,8 +193,7 @@ class WorkerPool:
                     connection.send_bytes(pickle.dumps(STOP))
             _wait_for_exit(self._processes, _STOP_WAIT_S)
         for process in self._processes:
-            if process.is_alive():
-                process.kill()
+            _kill(process)
             process.join()
         for connection in self._connections:
             connection.close()
@@ -203,9 +203,24 @@ class WorkerPool:
         """SIGKILL every worker at once (from any thread): a collective of this rank waiting for
         them fails instead of waiting for the group's timeout."""
         for process in list(self._processes):
-            with contextlib.suppress(Exception):
-                if process.is_alive():
-                    process.kill()
+            _kill(process)
+
+
+def _kill(process: Any) -> None:
+    """SIGKILL a rank's process. A forkserver's child reads as ended (exit code 255) once the server is
+    gone, though it may still run: it is killed by its pid all the same, unless it was reaped."""
+    reaped = process.exitcode is not None and (process.exitcode != 255 or not _still_ours(process.pid))
+    if not reaped and process.pid is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(process.pid, signal.SIGKILL)
+
+
+def _still_ours(pid: int) -> bool:
+    """Whether `pid` still runs a multiprocessing child (not a process that reused the number)."""
+    try:
+        return b"multiprocessing" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def _wait_for_exit(processes: list[Any], timeout_s: float) -> None:

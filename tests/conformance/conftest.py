@@ -13,6 +13,9 @@ import pytest
 import torch
 
 
+SLOW_FOLDERS = ("/tests/conformance/", "/tests/notebook/")  # tests/notebook/conftest.py takes these hooks too
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "conformance: slow differential run against Lightning (skipped unless "
                                        "selected with -m conformance or DDP_CONFORMANCE=1)")
@@ -24,7 +27,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     skip = pytest.mark.skip(reason="slow conformance run: select with -m conformance or DDP_CONFORMANCE=1")
     for item in items:
-        if item.get_closest_marker("conformance") is not None and "/tests/conformance/" in str(item.fspath):
+        if item.get_closest_marker("conformance") is not None and any(f in str(item.fspath) for f in SLOW_FOLDERS):
             item.add_marker(skip)
 
 
