@@ -117,7 +117,10 @@ def _serve(spec: WorkerSpec, connection: Connection) -> None:
         _stamp_and_exit(spec)
     finally:
         exiting()
-        process_group.destroy_process_group()
+        # Only a spawned worker's interpreter is torn down at exit (where leftovers of the group would
+        # abort it); a forked one ends with os._exit, and a full collection of a forked rank's inherited
+        # heap would keep the launching process waiting for most of a second.
+        process_group.destroy_process_group(collect_garbage=spec.start_method == "spawn")
 
 
 def become_rank(spec: WorkerSpec) -> None:

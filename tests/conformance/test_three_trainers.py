@@ -1,7 +1,8 @@
 """Three Trainers in one script (#36): the weights and the logged epochs of each fit agree between our
 Trainer and Lightning's (`lightning.pytorch` and `pytorch_lightning`, `strategy="ddp"`, 2 CPU
-processes), whether our ranks 1.. are forked per stage or kept in the process's pool. Each run is a
-script of its own: Lightning's `ddp` starts rank 1 by running the command line again."""
+processes), whether our ranks 1.. were forked from the caller or started from a forkserver. Each run is a
+script of its own: Lightning's `ddp` starts rank 1 by running the command line again. Slow: selected with
+`-m conformance` (make conformance)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ def _close(a: Any, b: Any) -> bool:
     return abs(a - b) <= TOLERANCE * max(1.0, abs(a))
 
 
+@pytest.mark.conformance
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("lightning", ["lightning", "pytorch_lightning"])
 def test_three_trainers_in_one_script_match_lightning(tmp_path: Path, lightning: str) -> None:
