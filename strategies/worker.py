@@ -81,9 +81,6 @@ STOP = "stop"  # the message that ends a worker's loop
 def worker_main(spec: WorkerSpec, connection: Connection) -> None:
     """Entry point of every local worker of a pool (module level, so a spawned process imports it by name)."""
     become_rank(spec)
-    # A DataLoader's workers inside this rank start as the user's would in the launching process
-    # (the platform's default unless the user chose), not as this process was started.
-    multiprocessing.set_start_method(spec.user_start_method, force=True)
     gc.freeze()  # torch, imported by now, is never garbage: Python's collections need not scan it
     _serve(spec, connection)
 
@@ -95,6 +92,7 @@ def forked_rank_main(spec: WorkerSpec, connection: Connection, order: Order,
     serves later stages as a pool's worker does (their work pickled), until told to stop; multiprocessing
     ends a forked process with `os._exit`, so the caller's exit handlers never run here."""
     become_rank(spec)
+    _draw_from_fresh_entropy()
     try:
         _prepare_stage(order)
         answer = run_work(*work)
@@ -135,6 +133,20 @@ def become_rank(spec: WorkerSpec) -> None:
     # A rank killed by a C++ abort (gloo on mismatched collectives) leaves its Python stack here.
     faulthandler.enable(file=open(Path(spec.failures_dir, f"{spec.local_rank}.fault"), "w"))  # noqa: SIM115
     split_cpu_threads(spec.world_size)
+    # A DataLoader's workers inside this rank start as the user's would in the launching process
+    # (the platform's default unless the user chose), not as this process was started: multiprocessing
+    # makes a child's default the method that started it (fork, forkserver or spawn).
+    multiprocessing.set_start_method(spec.user_start_method, force=True)
+
+
+def _draw_from_fresh_entropy() -> None:
+    """A forked rank's unseeded numpy draws are its own, as a started rank's are (and as Python's
+    `random` reseeds itself at a fork): otherwise it would repeat, draw for draw, the stream it
+    inherited from rank 0 (the same augmentation on every rank). A seeded script is unaffected: each
+    stage seeds every rank again from `PL_GLOBAL_SEED` (trainer/seed.py `reset_seed`)."""
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        numpy_random.seed()
 
 
 def _stamp_and_exit(spec: WorkerSpec) -> None:
