@@ -188,12 +188,33 @@ def test_dataloader_workers_inside_ranks_start_as_the_platform_starts_them(
     chosen = "forkserver" if platform != "forkserver" else "spawn"
     previous = multiprocessing.get_start_method(allow_none=True)
     multiprocessing.set_start_method(chosen, force=True)
+    server_before = _forkserver_pid()
     try:
         ranks = strategy.launch(ddp_workers.loader_worker_start, strategy)
     finally:
         multiprocessing.set_start_method(previous, force=True)
+        strategy.stop_workers()  # a pool's server, which rank 0's loader used too, stops with the pool
+        _stop_a_forkserver_started_since(server_before)
     assert [rank["default"] for rank in ranks] == [chosen, chosen]
     assert ranks[1]["forked_from_rank"] == (chosen == "spawn")  # a forkserver's child is the server's
+
+
+def _forkserver_pid() -> int | None:
+    from multiprocessing import forkserver
+
+    return forkserver._forkserver._forkserver_pid  # type: ignore[no-any-return]
+
+
+def _stop_a_forkserver_started_since(pid_before: int | None) -> None:
+    """Rank 0 is this process: its own DataLoader, told to use a forkserver, starts the stdlib's server
+    here where no pool's server ran (ranks forked from this process), and a script keeps it until it
+    exits. The test stops it, so that the next test finds no child of this process."""
+    from multiprocessing import forkserver
+
+    pid = _forkserver_pid()
+    if pid is not None and pid != pid_before:
+        os.kill(pid, signal.SIGKILL)
+        forkserver._forkserver._stop()
 
 
 @pytest.mark.timeout(90)
