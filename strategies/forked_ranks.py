@@ -20,6 +20,7 @@ runs the caller's exit handlers.
 from __future__ import annotations
 
 import contextlib
+import gc
 import multiprocessing
 import os
 import sys
@@ -70,11 +71,12 @@ class ForkedRanks(WorkerPool):
                  group_generation: int) -> None:
         self._work = work
         self._order = Order("", {}, os.getcwd(), restart_count, notice_signals, group_generation)
+        self._collects_garbage = gc.isenabled()  # the forked ranks collect as this process did
         with _quiet_fork():
             super().__init__(nprocs, "fork")
 
     def _entry(self, spec: WorkerSpec, connection: Connection) -> tuple[Callable[..., None], tuple[Any, ...]]:
-        return forked_rank_main, (spec, connection, self._order, self._work)
+        return forked_rank_main, (spec, connection, self._order, self._work, self._collects_garbage)
 
     def run_stage(self, run_here: Callable[[], T]) -> T:
         """Run rank 0's part here while the forked ranks run theirs (they started at the fork)."""
@@ -85,10 +87,22 @@ class ForkedRanks(WorkerPool):
 def _quiet_fork() -> Iterator[None]:
     """Fork with nothing pending: stdio flushed (a child would print the parent's buffered output
     again) and Python's warning about forking a threaded process silenced (a rank uses only what
-    was its own at the fork: the objects of the stage, and the group it makes)."""
+    was its own at the fork: the objects of the stage, and the group it makes).
+
+    Garbage collection is off across the fork, and a forked rank freezes what it inherited before it
+    turns collection back on (strategies/worker.py): this process's garbage (an earlier Trainer, a
+    destroyed group and the pool's store it used) holds objects whose C++ destructors join threads
+    that only this process has, so freeing one in the rank would wait forever, and the rank would
+    never reach its group's first barrier."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*multi-threaded.*fork", category=DeprecationWarning)
-        yield
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*multi-threaded.*fork", category=DeprecationWarning)
+            yield
+    finally:
+        if collecting:
+            gc.enable()

@@ -237,7 +237,8 @@ def _rank_zero_of(ranks: WorkerPool, restart: int, generation: int) -> Iterator[
     every other rank does (`TORCHELASTIC_RESTART_COUNT`, for the attempt only), it takes its share
     of the CPUs, and a hang-guard verdict here ends the stage (the other ranks are killed, the stage
     raises) instead of the process."""
-    use_launching_process_rank(LaunchingProcessEnvironment(ranks.nprocs, ranks.store, restart, generation))
+    environment = LaunchingProcessEnvironment(ranks.nprocs, ranks.store, restart, generation)
+    use_launching_process_rank(environment)
     threads = torch.get_num_threads()
     torch.set_num_threads(cpu_threads_per_rank(ranks.nprocs))
     restart_count_before = os.environ.get(RESTART_COUNT_VARIABLE)
@@ -248,6 +249,7 @@ def _rank_zero_of(ranks: WorkerPool, restart: int, generation: int) -> Iterator[
     finally:
         LEDGER.end_stage = None
         _restore_variable(RESTART_COUNT_VARIABLE, restart_count_before)
+        environment.end_stage()
         use_launching_process_rank(None)
         torch.set_num_threads(threads)
 

@@ -86,11 +86,16 @@ def worker_main(spec: WorkerSpec, connection: Connection) -> None:
 
 
 def forked_rank_main(spec: WorkerSpec, connection: Connection, order: Order,
-                     work: tuple[Strategy, Any, tuple[Any, ...], dict[str, Any]]) -> None:
+                     work: tuple[Strategy, Any, tuple[Any, ...], dict[str, Any]], collect_garbage: bool) -> None:
     """Entry point of a rank forked from the launching process (strategies/forked_ranks.py): its first
     stage is `work`, the caller's own objects inherited by the fork, so nothing was pickled. Then it
     serves later stages as a pool's worker does (their work pickled), until told to stop; multiprocessing
     ends a forked process with `os._exit`, so the caller's exit handlers never run here."""
+    # Never collect what was inherited (the fork happened with collection off): the launching process's
+    # garbage holds stores and groups whose destructors would wait here forever for its threads.
+    gc.freeze()
+    if collect_garbage:
+        gc.enable()
     become_rank(spec)
     _draw_from_fresh_entropy()
     try:

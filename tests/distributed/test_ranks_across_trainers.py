@@ -5,7 +5,9 @@ and nothing is left behind."""
 
 from __future__ import annotations
 
+import gc
 import os
+import threading
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -131,3 +133,46 @@ def test_every_rank_sees_the_same_restart_count(tmp_path: Path, ranks: str, monk
         fit = _fit(tmp_path, "restarted", model=DiesOnceOnRankOne(), max_restarts=1)
     assert [rank[1:3] for rank in fit] == [["1", "1"], ["1", "1"]]
     assert "TORCHELASTIC_RESTART_COUNT" not in os.environ
+
+
+class CollectsOnRankOne(Regressor):
+    """Holds a lock, so that no stage of it pickles and each forks its ranks afresh; rank 1 collects
+    garbage at every step, as Python's own collection may at any allocation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.guard = threading.Lock()
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if self.global_rank == 1:
+            gc.collect()
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        if self.global_rank == 1:
+            gc.collect()
+
+
+def _garbage_holding_a_store_server() -> None:
+    """A cycle, left to the collector, that holds a store whose server thread only this process has."""
+    garbage: list[Any] = [dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)]
+    garbage.append(garbage)
+
+
+@pytest.mark.timeout(120)
+def test_a_forked_rank_never_frees_what_the_caller_left(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank forked from this process inherits its garbage, and the stores of its earlier stages, whose
+    C++ destructors join threads the rank does not have: freeing one there would hang the rank (the
+    next Trainer's rank 1 missed its group's first barrier). Two stages of one Trainer, each forked
+    afresh, with such garbage before each, and rank 1 collecting at every step."""
+    monkeypatch.setenv("OMP_NUM_THREADS", THREADS["fork"])
+    trainer = Trainer(accelerator="cpu", devices=2, strategy=DDPStrategy(stall_timeout=60.0), max_epochs=1,
+                      logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, num_sanity_val_steps=0)
+    model = CollectsOnRankOne()
+    _garbage_holding_a_store_server()
+    trainer.fit(model, _loader())
+    _garbage_holding_a_store_server()
+    trainer.validate(model, _loader())
+    assert trainer.state.status == "finished" and trainer.global_step == 2
+    gc.collect()  # the stores' servers end here, where their threads are
