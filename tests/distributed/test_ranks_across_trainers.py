@@ -27,7 +27,9 @@ from trainer.callbacks import Callback
 THREADS = {"fork": "1", "pool": "2"}  # one CPU thread per rank lets ranks be forked (see launcher.py)
 
 
-@pytest.fixture(params=["fork", "pool"])
+# `make test` runs the forked ranks (the default on a small CPU), ~1 s a test; the pool's, which start
+# from a forkserver and take 15-20 s each on 2 loaded cores, run with `-m conformance`.
+@pytest.fixture(params=["fork", pytest.param("pool", marks=pytest.mark.conformance)])
 def ranks(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv("OMP_NUM_THREADS", THREADS[request.param])
     return str(request.param)
@@ -87,6 +89,7 @@ def _ranks_alive(*fits: list[list[str]]) -> list[int]:
     return [int(rank[0]) for fit in fits for rank in fit[1:] if alive(int(rank[0]))]
 
 
+@pytest.mark.conformance  # four Trainers, two world sizes: ~11 s forked
 @pytest.mark.timeout(240)
 def test_trainers_share_ranks_but_never_a_group_with_other_options(tmp_path: Path, ranks: str) -> None:
     first = _fit(tmp_path, "a", timeout=timedelta(minutes=10))

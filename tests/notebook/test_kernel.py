@@ -5,7 +5,9 @@ cannot. After each failure the kernel lives on, nothing is left behind, and the 
 Weights are checked against the same training in one process on the global batch, and (conformance)
 against Lightning's `ddp_notebook` running the same cells.
 
-One kernel serves the module: the tests run in order, each adding cells to the same notebook.
+One kernel serves the module: the tests run in order, each adding cells to the same notebook. `make test`
+runs the two Trainers in one kernel (the kernel's start and first fit take most of its ~15 s); the
+failures, the interrupt and the objects only a fork carries run with `-m conformance`.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ def _fails_then_recovers(kernel: Kernel, source: str) -> str:
     return result.error_text + "\n" + result.streams
 
 
+@pytest.mark.conformance
 @pytest.mark.timeout(180)
 def test_a_raising_rank_names_itself_and_shows_the_cells_line(kernel: Kernel) -> None:
     text = _fails_then_recovers(kernel, "torch.manual_seed(0); fit(Net(fail_on_rank=1))")
@@ -83,6 +86,7 @@ def test_a_raising_rank_names_itself_and_shows_the_cells_line(kernel: Kernel) ->
     assert "<dynamic-code>" not in text
 
 
+@pytest.mark.conformance
 @pytest.mark.timeout(180)
 def test_an_exiting_rank_says_where_its_stderr_went(kernel: Kernel) -> None:
     text = _fails_then_recovers(kernel, "torch.manual_seed(0); fit(Net(exit_on_rank=1))")
@@ -91,6 +95,7 @@ def test_an_exiting_rank_says_where_its_stderr_went(kernel: Kernel) -> None:
     assert "rank 1 leaves with os._exit(3)" in text  # in the cell's output indeed
 
 
+@pytest.mark.conformance
 @pytest.mark.timeout(180)
 def test_an_interrupt_during_fit_ends_it_and_leaves_nothing(kernel: Kernel, workdir: Path) -> None:
     steps = workdir / "ours" / "steps"
@@ -109,6 +114,7 @@ def test_an_interrupt_during_fit_ends_it_and_leaves_nothing(kernel: Kernel, work
     _fits_again(kernel)
 
 
+@pytest.mark.conformance
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("case", list(cells.UNPICKLABLE_FITS))
 def test_what_ddp_notebook_carries_trains(kernel: Kernel, case: str) -> None:
