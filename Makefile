@@ -20,9 +20,9 @@ test: $(STAMP)
 	$(PY) -m mypy
 	$(PY) -m pytest -q
 
-# The slow differential runs against Lightning's own Trainer (2 processes, the whole corpus).
+# The slow runs make test skips: differential runs against Lightning, fault and kill scenarios, more parametrisations.
 conformance: $(STAMP)
-	$(PY) -m pytest -q -m conformance tests/conformance
+	$(PY) -m pytest -q -m conformance
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run

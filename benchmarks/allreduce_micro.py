@@ -1,4 +1,5 @@
-"""All-reduce alone, gloo against our shared-memory transport, on 2 spawned CPU ranks.
+"""All-reduce alone, gloo against our shared-memory transport, on 2 spawned CPU ranks; and the reduce-scatter
+ZeRO uses instead (its shard in place: strategies/zero_reducer.py), through both.
 
     python -m benchmarks.allreduce_micro                 # 32 MiB, slots of 16/2/1 MiB, 20 repeats
     python -m benchmarks.allreduce_micro --mib 8 --slots-mib 2
@@ -42,18 +43,22 @@ def _worker(rank: int, port: int, mib: float, slots_mib: list[float], repeats: i
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     tensor = torch.full((int(mib * 2**18),), float(rank + 1))
-    rows = [("gloo", _timed(lambda: dist.all_reduce(tensor), repeats))]
+    mine = tensor.view(2, -1)[rank]
+    rows = [("gloo", _timed(lambda: dist.all_reduce(tensor), repeats)),
+            ("gloo reduce_scatter_single", _timed(lambda: dist.reduce_scatter_single(mine, tensor), repeats))]
     for slot_mib in slots_mib:
         transport = connect_shared_memory(None, transport="shared_memory", timeout=timedelta(seconds=60),
                                           slot_bytes=int(slot_mib * 2**20))
         assert transport is not None
         rows.append((f"shared memory, {slot_mib:g} MiB slots",
                      _timed(lambda: transport.all_reduce_async(tensor).wait(), repeats)))
+        rows.append(("  its reduce-scatter", _timed(lambda: transport.reduce_scatter_async(tensor, mine).wait(),
+                                                     repeats)))
         transport.close()
     if rank == 0:
-        print(f"{mib:g} MiB all-reduce, 2 ranks, median of {repeats}:")
+        print(f"{mib:g} MiB all-reduce (and reduce-scatter), 2 ranks, median of {repeats}:")
         for name, (wall, cpu) in rows:
-            print(f"  {name:32s} wall {wall:6.2f} ms   cpu {cpu:6.2f} ms")
+            print(f"  {name:34s} wall {wall:6.2f} ms   cpu {cpu:6.2f} ms")
     dist.destroy_process_group()
 
 

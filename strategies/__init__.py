@@ -30,7 +30,7 @@ _DDP_NAMES: dict[str, dict[str, object]] = {
     "ddp_notebook_find_unused_parameters_true": {"start_method": "forkserver", "find_unused_parameters": True},
     "ddp_notebook_find_unused_parameters_false": {"start_method": "forkserver"},
     "ddp_zero1": {"zero_stage": 1},  # ours: optimizer state sharded over the ranks (strategies/zero.py)
-    "ddp_zero2": {"zero_stage": 2},  # ours: also the gradients (not implemented yet: a clear error)
+    "ddp_zero2": {"zero_stage": 2},  # ours: also the gradients (strategies/zero_reducer.py)
 }
 _SINGLE_NAMES = ("single", "single_device")
 STRATEGY_NAMES = ("auto", *_DDP_NAMES, *_SINGLE_NAMES)

@@ -256,6 +256,13 @@ class Strategy(abc.ABC):
         which is what a fast compiled step notices."""
         return None
 
+    def gradient_norm(self, optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
+        """The 2-norm of all of `optimizer`'s gradients when only the strategy can compute it, else None (the
+        caller computes it from the gradients, or `gradient_buffers`). DDP with `zero_stage` 1 or 2 answers:
+        each rank holds a shard of the averaged gradients, so the norm is a collective, which every rank
+        calls at the same step."""
+        return None
+
     def unwrap(self, module: nn.Module) -> nn.Module:
         """The user's module, without anything the strategy put around it."""
         return module

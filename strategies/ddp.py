@@ -61,8 +61,10 @@ class DDPStrategy(Strategy):
     1..N-1 are forked from the caller instead where that is safe (strategies/forked_ranks.py).
     `async_checkpoint=True` makes ModelCheckpoint's saves copy the state on rank 0 and write it on a
     thread, still atomically (strategies/async_checkpoint.py); off by default (docs/checkpoints.md).
-    `zero_stage=1` shards the optimizer state: each rank keeps and steps only its even 1/N of every bucket,
-    then the updated parameters are all-gathered (strategies/zero.py); 0 (default) keeps all of it everywhere.
+    `zero_stage=1` shards the optimizer state: each rank receives (reduce-scatter) and steps only its even 1/N
+    of every bucket, then the updated parameters are all-gathered (strategies/zero.py); `zero_stage=2` also
+    keeps only that shard of the gradients between steps (strategies/zero_reducer.py); 0 (default) keeps all
+    of it everywhere.
     """
 
     bucket_cap_mb = option_property("bucket_cap_mb")
@@ -115,7 +117,7 @@ class DDPStrategy(Strategy):
         self._environment: ClusterEnvironment | None = None
         self._reducer: GradReducer | None = None
         self._tuning: CapTuning | None = None  # bucket_cap_mb="auto" driving the reducer
-        self._zero: ZeroShards | None = None  # this rank's optimizer shards (zero_stage=1)
+        self._zero: ZeroShards | None = None  # this rank's optimizer shards (zero_stage 1 or 2)
         self._buffers_due = True  # torch DDP's require_forward_param_sync: sync buffers at the next forward
         self._owns_process_group = False
 
@@ -344,9 +346,17 @@ class DDPStrategy(Strategy):
 
     @override
     def gradient_buffers(self, grads: list[torch.Tensor]) -> list[torch.Tensor] | None:
-        if self._zero is not None:
-            return self._zero.gradient_buffers(grads)
+        if self._zero is not None:  # a rank holds only its shard: `gradient_norm` answers for the optimizers
+            return None
         return self._reducer.gradient_buffers(grads) if self._reducer is not None else None
+
+    @override
+    def gradient_norm(self, optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
+        if self._zero is None:
+            return None
+        from strategies.zero import gradient_norm
+
+        return gradient_norm(optimizer)
 
     @override
     def completed_gradient_syncs(self) -> int:

@@ -20,7 +20,8 @@ Life of one synchronised backward pass:
 After the first synchronised pass the buckets are rebuilt once, in the order gradients
 actually became ready on rank 0 (broadcast, so every rank builds the same buckets): that order
 is kept by strategies/bucket_order.py. With `zero_stage` > 0 (strategies/zero.py) each bucket is padded to
-a multiple of the world size and the buckets are never rebuilt: the optimizer's shards are cut from them.
+a multiple of the world size and the buckets are never rebuilt: the optimizer's shards are cut from them,
+and `ShardedGradReducer` (strategies/zero_reducer.py) reduce-scatters them instead of the all-reduce.
 `replan(bucket_cap_mb)` changes the bucket size between passes and `after_sync` gets each pass's
 times: `bucket_cap_mb="auto"` (strategies/autotune.py) uses both; timing is strategies/telemetry.py.
 """

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 class ReducerOptions:
     """`bucket_cap_mb` is a positive number of MiB or "auto" (timed during the first steps);
     `transport` is "auto", "shared_memory" or "process_group" (strategies/shm_transport.py);
-    `zero_stage` 0 (every rank holds all optimizer state), 1 (each holds its 1/N shard: strategies/zero.py)."""
+    `zero_stage` 0 (every rank holds all optimizer state), 1 (each holds its 1/N shard: strategies/zero.py),
+    2 (each also keeps only its shard of the averaged gradients: strategies/zero_reducer.py)."""
 
     bucket_cap_mb: float | str = 25.0
     first_bucket_cap_mb: float = 1.0
@@ -47,15 +48,17 @@ class ReducerOptions:
             check_bool(name, getattr(self, name))
         resolve_comm_hook(self.comm_hook)  # names the accepted hooks on a bad value
         check_transport(self.transport)
-        check_zero_stage(self.zero_stage, self.bucket_cap_mb, self.gradient_as_bucket_view)
+        check_zero_stage(self.zero_stage, self.bucket_cap_mb, self.gradient_as_bucket_view, self.comm_hook)
 
     def attach(self, module: nn.Module, *, timeout: timedelta,
                adopted_mb: float | None = None) -> tuple[GradReducer, CapTuning | None]:
         """A GradReducer on `module` shaped by these options, with its bucket-cap tuning (None unless
         bucket_cap_mb="auto"; `adopted_mb` is the cap a checkpoint's tuning already settled on)."""
         from strategies.reducer import GradReducer  # in workers only: `import strategies` stays light
+        from strategies.zero_reducer import ShardedGradReducer
 
-        reducer = GradReducer(module, bucket_cap_mb=first_pass_cap_mb(self.bucket_cap_mb),
+        kind = ShardedGradReducer if self.zero_stage else GradReducer
+        reducer = kind(module, bucket_cap_mb=first_pass_cap_mb(self.bucket_cap_mb),
                               first_bucket_cap_mb=self.first_bucket_cap_mb,
                               gradient_as_bucket_view=self.gradient_as_bucket_view, comm_hook=self.comm_hook,
                               find_unused_parameters=self.find_unused_parameters, transport=self.transport,
@@ -88,18 +91,24 @@ def check_positive_number(name: str, value: Any, unit: str = "MiB", alternative:
         raise ValueError(f"{name}={value!r} {expected}.")
 
 
-ZERO_STAGES = (0, 1)  # stage 2 (sharded gradients) is not implemented yet
+ZERO_STAGES = (0, 1, 2)
 
 
-def check_zero_stage(zero_stage: Any, bucket_cap_mb: Any, gradient_as_bucket_view: bool) -> None:
-    """`zero_stage` is 0 or 1; with 1 the shards are cut from buckets fixed at setup (so not "auto", which
-    re-plans them) whose buffers are the gradients (`gradient_as_bucket_view`)."""
+def check_zero_stage(zero_stage: Any, bucket_cap_mb: Any, gradient_as_bucket_view: bool,
+                     comm_hook: Any = None) -> None:
+    """`zero_stage` is 0, 1 or 2; above 0 the shards are cut from buckets fixed at setup (so not "auto", which
+    re-plans them) whose buffers are the gradients (`gradient_as_bucket_view`), and each bucket is
+    reduce-scattered (so no comm hook: a hook all-reduces a whole bucket)."""
     if isinstance(zero_stage, bool) or zero_stage not in ZERO_STAGES:
-        extra = " (stage 2, sharded gradients, is not implemented yet)" if zero_stage == 2 else ""
-        raise ValueError(f"zero_stage={zero_stage!r} is not one of {list(ZERO_STAGES)}{extra}: 0 keeps all optimizer "
-                         "state on every rank, 1 shards it over the ranks.")
+        raise ValueError(f"zero_stage={zero_stage!r} is not one of {list(ZERO_STAGES)}: 0 keeps all optimizer "
+                         "state on every rank, 1 shards it over the ranks, 2 shards the gradients too.")
     if zero_stage == 0:
         return
+    if comm_hook not in (None, "mean") and comm_hook is not resolve_comm_hook("mean"):
+        name = getattr(comm_hook, "__name__", comm_hook)
+        raise ValueError(f"zero_stage={zero_stage} reduce-scatters each bucket (every rank receives only its shard "
+                         f"of the averaged gradients), so comm_hook={name!r}, which all-reduces whole buckets, cannot "
+                         "run. Leave comm_hook unset (the mean), or use zero_stage=0 for it.")
     if bucket_cap_mb == AUTO:
         raise ValueError(f"zero_stage={zero_stage} needs a fixed bucket_cap_mb: the optimizer's shards are cut from "
                          "the buckets, which bucket_cap_mb='auto' re-plans. Pass a number of MiB (e.g. 25).")

@@ -18,7 +18,12 @@ How: every rank owns one region of a single file in /dev/shm, mapped by all rank
 
 Every chunk is summed by exactly one rank, so all ranks end with bit-identical values.
 `all_gather_async` (ZeRO's gather of updated parameter shards, strategies/zero.py) runs the same
-rounds without the sum: each rank copies its piece in, then every peer's piece out (exact copies). A flag is
+rounds without the sum: each rank copies its piece in, then every peer's piece out (exact copies).
+`reduce_scatter_async` (ZeRO's gradients, strategies/zero_reducer.py) runs them without the copy back:
+each round carries the same stretch of every rank's shard, each rank sums only its own shard's stretch
+(in rank order, as the all-reduce sums a chunk, so the same bits) into its output, and nobody reads
+the sums back: half the all-reduce's copies, and what DDP's all-reduce moves once the all-gather of
+the updated parameters is added. A flag is
 written only by its owner and read by the others; x86-64's total store order makes the data
 written before a flag visible no later than the flag, which is why "auto" uses this transport
 only there. Rounds run on one worker thread per process, in the order tensors were submitted;
@@ -58,6 +63,7 @@ _DTYPE_CODES = {dtype: code for code, dtype in enumerate(
     (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.uint8,
      torch.int8, torch.int16, torch.complex64, torch.complex128), start=1)}
 _GATHER_CODE = 32  # added to a gather round's SHAPE word (dtype codes stay below it)
+_SCATTER_CODE = 16  # added to a reduce-scatter round's SHAPE word
 _log = logging.getLogger(__name__)
 
 
@@ -95,7 +101,8 @@ class SharedMemoryAllReduce:
                                         offset=k * stride + FLAGS_BYTES) for k in range(world_size)]
         self._generation = 0
         self._failure: BaseException | None = None
-        self._queue: queue.SimpleQueue[tuple[torch.Tensor, torch.dtype | None, torch.futures.Future[list[torch.Tensor]]] | None]
+        self._queue: queue.SimpleQueue[tuple[torch.Tensor, torch.dtype | None,
+                                             torch.futures.Future[list[torch.Tensor]], torch.Tensor | None] | None]
         self._queue = queue.SimpleQueue()
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name=f"ddp-shm-allreduce-{rank}", daemon=True)
@@ -123,13 +130,28 @@ class SharedMemoryAllReduce:
                              f"{self.world_size} equal chunks; got {output.numel()} elements on {output.device}.")
         return self._submit(output, None)  # no wire dtype: a gather, not a sum
 
-    def _submit(self, tensor: torch.Tensor, wire_dtype: torch.dtype | None) -> torch.futures.Future[list[torch.Tensor]]:
+    def reduce_scatter_async(self, tensor: torch.Tensor,
+                             output: torch.Tensor) -> torch.futures.Future[list[torch.Tensor]]:
+        """Queue a sum-reduce-scatter: `tensor` (CPU, contiguous, world_size equal chunks) is this rank's addend;
+        when the future resolves (to `[output]`), `output` holds the sum over ranks of chunk `rank`, summed in
+        rank order (the all-reduce's bits). `output` may be chunk `rank` of `tensor` itself."""
+        chunk = tensor.numel() // self.world_size
+        if (tensor.device.type != "cpu" or not tensor.is_contiguous() or tensor.numel() % self.world_size
+                or not output.is_contiguous() or output.numel() != chunk or output.dtype != tensor.dtype):
+            raise ValueError(f"the shared-memory reduce-scatter takes a contiguous CPU tensor of world_size="
+                             f"{self.world_size} equal chunks and a contiguous output of one chunk in its dtype; got "
+                             f"{tensor.numel()} elements ({tensor.dtype}, {tensor.device}) into {output.numel()} "
+                             f"({output.dtype}).")
+        return self._submit(tensor, tensor.dtype, output)
+
+    def _submit(self, tensor: torch.Tensor, wire_dtype: torch.dtype | None,
+                output: torch.Tensor | None = None) -> torch.futures.Future[list[torch.Tensor]]:
         """Queue one operation for the worker thread (failed at once if the transport already failed)."""
         future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
         if self._failure is not None or self._closed:
             _fail(future, self._failure or RuntimeError("the shared-memory all-reduce was closed."))
             return future
-        self._queue.put((tensor, wire_dtype, future))
+        self._queue.put((tensor, wire_dtype, future, output))
         return future
 
     def close(self) -> None:
@@ -165,13 +187,16 @@ class SharedMemoryAllReduce:
             del item
 
     def _reduce_one(self, tensor: torch.Tensor, wire_dtype: torch.dtype | None,
-                     future: torch.futures.Future[list[torch.Tensor]]) -> None:
+                     future: torch.futures.Future[list[torch.Tensor]], output: torch.Tensor | None) -> None:
         if self._failure is not None:
             _fail(future, self._failure)
             return
         try:
             flat = tensor.view(-1)
-            if wire_dtype is None:
+            if output is not None:
+                self._scatter(flat, output.view(-1))
+                tensor = output
+            elif wire_dtype is None:
                 self._gather(flat)
             else:
                 per_round = max(1, self.slot_bytes // wire_dtype.itemsize)
@@ -182,7 +207,7 @@ class SharedMemoryAllReduce:
             self._publish(FAILED, 1)  # peers stop waiting for us at their next poll
             _fail(future, error)
         else:
-            future.set_result([tensor])
+            future.set_result([tensor])  # the output, for a reduce-scatter
 
     def _round(self, piece: torch.Tensor, wire_dtype: torch.dtype) -> None:
         generation = self._generation = self._generation + 1
@@ -226,6 +251,33 @@ class SharedMemoryAllReduce:
                     low = peer * chunk + start
                     flat[low:low + count].copy_(slots[peer])
             self._publish(REDUCED, generation)  # nothing to sum; the flag keeps the generations in step
+            self._publish(DONE, generation)
+
+    def _scatter(self, flat: torch.Tensor, output: torch.Tensor) -> None:
+        """Reduce-scatter in rounds: each carries the same stretch of every rank's chunk (one strided copy into
+        my slot); I sum my chunk's stretch over every slot into `output` and read nothing back."""
+        dtype, chunk = flat.dtype, flat.numel() // self.world_size
+        align = max(1, _ALIGN_BYTES // dtype.itemsize)
+        per_rank = max(1, self.slot_bytes // dtype.itemsize // self.world_size)
+        if per_rank >= align:  # each rank's stretch of a slot on whole cache lines
+            per_rank -= per_rank % align
+        by_rank = flat.view(self.world_size, chunk)
+        for start in range(0, chunk, per_rank):
+            count = min(per_rank, chunk - start)
+            generation = self._generation = self._generation + 1
+            slots = [slot[:self.world_size * per_rank * dtype.itemsize].view(dtype).view(self.world_size, per_rank)
+                     for slot in self._slots]
+            self._wait_for_all(DONE, generation - 1, "finish reading the previous round")
+            slots[self.rank][:, :count].copy_(by_rank[:, start:start + count])
+            self._publish(SHAPE, count * 64 + _SCATTER_CODE + _DTYPE_CODES.get(dtype, 0))
+            self._publish(READY, generation)
+            self._wait_for_all(READY, generation, "copy its gradients in")
+            self._check_same_shape(dtype, generation)
+            mine = output[start:start + count]  # may alias my chunk of `flat`: its stretch is in my slot already
+            torch.add(slots[0][self.rank, :count], slots[1][self.rank, :count], out=mine)
+            for slot in slots[2:]:
+                mine.add_(slot[self.rank, :count])
+            self._publish(REDUCED, generation)  # nobody reads the sums back; the flags keep the generations in step
             self._publish(DONE, generation)
 
     def _sum_my_chunk(self, share: torch.Tensor, addends: list[torch.Tensor]) -> None:

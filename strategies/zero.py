@@ -1,13 +1,15 @@
-"""ZeRO stage 1 inside our DDP: each rank keeps optimizer state for its own even 1/N of every bucket.
+"""ZeRO stages 1 and 2 inside our DDP: each rank keeps optimizer state for its own even 1/N of every bucket.
 
 Adam keeps two fp32 moments per parameter; under plain DDP every rank holds all of them. Here the
 reducer's buckets are padded to a multiple of the world size N, and rank r owns elements
 `[r*S, (r+1)*S)` of every bucket (S = padded length / N): even shards, cut through parameters, not
 whole parameters handed out. For each parameter, the part that falls in this rank's shard is one
 *segment*: a 1-D view of those elements of the parameter itself; its `.grad` views the same elements
-of the bucket's (already averaged) gradient buffer. So the optimizer reads its gradients and writes
-its updates with no copy, and no second copy of the weights exists (8 + 8/N bytes per parameter
-with Adam: weights, gradients, and 1/N of the two moments).
+of this rank's shard of the averaged gradients, which the reducer reduce-scatters bucket by bucket
+while backward runs (strategies/zero_reducer.py). So the optimizer reads its gradients and writes its
+updates with no copy, and no second copy of the weights exists. With Adam, per parameter: stage 1
+keeps the full gradient buffers (4 + 4 + 8/N bytes: weights, gradients, 1/N of the two moments);
+stage 2 keeps only the shard of the gradients between steps (4 + 12/N).
 
 The user's own optimizer object is kept and changed in place (`shard_optimizer`): each param group
 lists this rank's segments instead of the parameters, so `optimizer.param_groups` stays the user's
@@ -21,11 +23,13 @@ dicts (lr, weight decay, betas per group; schedulers and run-time edits work as 
           transport between CPU ranks of one host, else `all_gather_single`) and copied into the
           parameters.
 
-Gradients still arrive by the reducer's all-reduce (gloo and the shared-memory transport on CPU, or
-nccl), so every rank holds the full averaged gradients: exactness against `zero_stage=0` is by
-construction, the global gradient norm is computed from them exactly as without sharding, and the
-non-finite check reads them whole. The price: the bytes on the wire are an all-reduce plus an
-all-gather (1.5x DDP's), not a reduce-scatter plus an all-gather.
+The bytes on the wire per step are a reduce-scatter plus an all-gather: DDP's all-reduce. The shard
+of the averaged gradients is bit-identical to what `zero_stage=0`'s all-reduce gives, and the update
+is elementwise, so the weights are bit-identical to `zero_stage=0`'s, except where a step reads the
+global gradient norm (`gradient_clip_val` by norm; the non-finite check reads only its finiteness):
+each rank sums the squares of its shard, one tiny all-reduce adds them (`ZeroShards.global_norm`),
+and that sum runs in another order than `zero_stage=0`'s norm of per-parameter norms, so the clip
+factor may differ in its last bits: the weights then agree within 1e-6 relative (tested), not bit for bit.
 
 Only optimizers whose update is elementwise can be cut through a parameter (`ELEMENTWISE`); any
 other (LBFGS, one that needs whole matrices) is refused at setup, by name.
@@ -40,7 +44,7 @@ size, and back into a sharded optimizer, whose `load_state_dict` cuts a full dic
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -75,22 +79,29 @@ class ZeroShards:
 
     def __init__(self, params: Sequence[torch.nn.Parameter], layout: BucketLayout, rank: int, world_size: int,
                  process_group: dist.ProcessGroup | None = None, shared_memory: SharedMemoryAllReduce | None = None,
-                 ) -> None:
+                 gradient_shards: Sequence[torch.Tensor] | None = None, zero_stage: int = 1) -> None:
         self.params, self.layout = list(params), layout
         self.rank, self.world_size, self.process_group = rank, world_size, process_group
+        self.zero_stage = zero_stage
         self.shared_memory = shared_memory  # CPU ranks of one host: gather through it, as the buckets travel
+        # Per bucket, this rank's shard of the averaged gradients (the reducer's `gradient_shards`); by
+        # default the shard's elements of the bucket buffer itself (stage 1).
+        self.gradient_shards = list(gradient_shards) if gradient_shards is not None else [
+            bucket.buffer().view(world_size, -1)[rank] for bucket in layout.buckets]
         self.shard_numel: list[int] = []  # per bucket: the elements of each rank's shard (padding included)
         self.segments: dict[int, Segment] = {}  # param index -> its segment here (at most one: shards are contiguous)
         self.tensors: dict[int, torch.Tensor] = {}  # param index -> the segment the optimizer steps
         self._grad_views: dict[int, torch.Tensor] = {}  # param index -> its elements of the averaged gradients
         for bucket_index, (indexes, bucket) in enumerate(zip(layout.plan, layout.buckets)):
-            self._cut(bucket_index, indexes, bucket.buffer())
+            self._cut(bucket_index, indexes, bucket.buffer().numel())
         self._index_of = {id(param): index for index, param in enumerate(self.params)}
         self._scratch: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
         self.state_bytes_per_rank: list[int] | None = None  # measured after the first step
+        # The reducer's gradient memory now and at its peak (`ShardedGradReducer.gradient_bytes`)
+        self.gradient_bytes: Callable[[], dict[str, int]] | None = None
 
-    def _cut(self, bucket_index: int, indexes: Sequence[int], buffer: torch.Tensor) -> None:
-        size = buffer.numel() // self.world_size
+    def _cut(self, bucket_index: int, indexes: Sequence[int], bucket_numel: int) -> None:
+        size = bucket_numel // self.world_size
         low, high = self.rank * size, (self.rank + 1) * size
         self.shard_numel.append(size)
         offset = 0
@@ -100,13 +111,13 @@ class ZeroShards:
             first, last = max(low, offset), min(high, offset + numel)
             if last > first:
                 if not param.is_contiguous():
-                    raise ValueError(f"zero_stage=1 steps a slice of each parameter in place, so parameters must be "
-                                     f"contiguous; parameter {index} of shape {tuple(param.shape)} is not (a "
-                                     "channels_last module?). Keep the module contiguous, or use zero_stage=0.")
+                    raise ValueError(f"zero_stage={self.zero_stage} steps a slice of each parameter in place, so "
+                                     f"parameters must be contiguous; parameter {index} of shape {tuple(param.shape)} "
+                                     "is not (a channels_last module?). Keep it contiguous, or use zero_stage=0.")
                 segment = Segment(index, bucket_index, first - offset, last - first, first - low)
                 self.segments[index] = segment
                 self.tensors[index] = param.detach().view(-1)[segment.start:segment.start + segment.length]
-                self._grad_views[index] = buffer[first:last]
+                self._grad_views[index] = self.gradient_shards[bucket_index][first - low:last - low]
             offset += numel
 
     # ------------------------------------------------------------------ lookups
@@ -125,13 +136,20 @@ class ZeroShards:
         for index, tensor in self.tensors.items():
             tensor.grad = self._grad_views[index] if self.params[index].grad is not None else None
 
-    def gradient_buffers(self, grads: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
-        """The full averaged gradient buffers when `grads` are this rank's bound segment gradients (what a
-        check of the optimizer's gradients reads): every rank then reads the same values."""
-        bound = {id(tensor.grad) for tensor in self.tensors.values() if tensor.grad is not None}
-        if not grads or {id(grad) for grad in grads} != bound:
-            return None
-        return [bucket.buffer() for bucket in self.layout.buckets]
+    def global_norm(self, shard_grads: Sequence[torch.Tensor], whole_grads: Sequence[torch.Tensor]) -> torch.Tensor:
+        """A collective (every rank, at the same step): the 2-norm of the whole averaged gradients, from this
+        rank's `shard_grads` (its segments') and `whole_grads` (parameters every rank holds alike, added once):
+        each rank's sum of squares (in float64), one all-reduce of a single number, the root."""
+        like = self.gradient_shards[0] if self.gradient_shards else torch.zeros(())
+        squares = _sum_of_squares(shard_grads, like.device)
+        LEDGER.begin("ZeRO gradient norm (sum of squares over the shards)", squares)
+        with LEDGER.waiting():
+            if self.shared_memory is not None:
+                self.shared_memory.all_reduce_async(squares).wait()
+            else:
+                dist.all_reduce(squares, group=self.process_group)
+        total = squares + _sum_of_squares(whole_grads, like.device)
+        return total.sqrt().reshape(()).to(shard_grads[0].dtype if shard_grads else like.dtype)
 
     def gather(self, buckets: Sequence[int]) -> None:
         """All-gather every rank's updated shard of `buckets` (in order, on every rank) into the parameters."""
@@ -190,7 +208,7 @@ class ZeroShards:
         """The shard layout and the bytes each rank holds (state measured after the first step)."""
         element_bytes = [bucket.buffer().element_size() for bucket in self.layout.buckets]
         return {
-            "zero_stage": 1,
+            "zero_stage": self.zero_stage,
             "shard_elements_per_bucket": list(self.shard_numel),
             "padding_elements": sum(size * self.world_size - sum(self.params[i].numel() for i in indexes)
                                     for size, indexes in zip(self.shard_numel, self.layout.plan)),
@@ -198,7 +216,16 @@ class ZeroShards:
             "shard_bytes_per_rank": sum(n * b for n, b in zip(self.shard_numel, element_bytes)),
             "optimizer_state_bytes_per_rank": self.state_bytes_per_rank,
             "optimizer_state_bytes_total": sum(self.state_bytes_per_rank) if self.state_bytes_per_rank else None,
+            "gradient_bytes_this_rank": self.gradient_bytes() if self.gradient_bytes is not None else None,
         }
+
+
+def _sum_of_squares(grads: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The sum of the squared elements of `grads`, in float64, as a 1-element tensor on `device`."""
+    if not grads:
+        return torch.zeros(1, dtype=torch.float64, device=device)
+    norms = torch.stack(torch._foreach_norm(list(grads), 2.0)).to(device=device, dtype=torch.float64)
+    return norms.square().sum().reshape(1)
 
 
 def state_bytes(optimizer: torch.optim.Optimizer) -> int:
@@ -213,10 +240,11 @@ def check_elementwise(optimizer: torch.optim.Optimizer) -> None:
     known = cls.__module__.startswith("torch.optim") and cls.__name__ in ELEMENTWISE
     if known or getattr(cls, SHARDABLE_ATTRIBUTE, False) is True:
         return
-    raise TypeError(f"zero_stage=1 cannot shard {cls.__module__}.{cls.__qualname__}: each rank steps an even 1/N of "
-                    f"every bucket, cut through parameters, which is exact only for an optimizer whose update of an "
-                    f"element reads that element alone (torch.optim's {', '.join(ELEMENTWISE)}). Use zero_stage=0 "
-                    f"for it, or, if its update is elementwise, set `{cls.__name__}.{SHARDABLE_ATTRIBUTE} = True`.")
+    raise TypeError(f"ZeRO (zero_stage 1 or 2) cannot shard {cls.__module__}.{cls.__qualname__}: each rank steps an "
+                    "even 1/N of every bucket, cut through parameters, which is exact only for an optimizer whose "
+                    f"update of an element reads that element alone (torch.optim's {', '.join(ELEMENTWISE)}). Use "
+                    f"zero_stage=0 for it, or, if its update is elementwise, set "
+                    f"`{cls.__name__}.{SHARDABLE_ATTRIBUTE} = True`.")
 
 
 class ShardedOptimizer:
@@ -261,6 +289,14 @@ class ShardedOptimizer:
             elif index in shards.tensors:
                 listed.append(shards.tensors[index])
         return listed
+
+    def grad_norm(self) -> torch.Tensor:
+        """A collective: the 2-norm of all of this optimizer's (averaged) gradients across the shards."""
+        segments = {id(self.shards.tensors[index]) for index in self.indexes if index in self.shards.tensors}
+        grads = [(id(param), param.grad) for group in self.optimizer.param_groups for param in group["params"]
+                 if param.grad is not None]
+        return self.shards.global_norm([grad for key, grad in grads if key in segments],
+                                       [grad for key, grad in grads if key not in segments])
 
     def _after_step(self) -> None:
         self.shards.gather(self.buckets)
@@ -403,29 +439,34 @@ def shard_optimizer(optimizer: torch.optim.Optimizer, shards: ZeroShards) -> Sha
 
 def clip_grad_norm_(optimizer: Any, parameters: list[torch.Tensor], max_norm: float) -> None:
     """Clip the optimizer's gradients to a total norm of `max_norm`. Sharded, the norm is that of the whole
-    gradients (every rank holds them, averaged), computed over the same tensors in the same order as
-    without sharding, so the clip factor, and the clipped shard, are bit-identical to zero_stage=0's."""
+    averaged gradients, summed across the shards (a collective: every rank clips at the same step); its
+    summation order differs from torch's, so the clip factor may differ from zero_stage=0's in the last bits."""
     sharded = sharding_of(optimizer)
     if sharded is None:
         torch.nn.utils.clip_grad_norm_(parameters, max_norm)
         return
-    whole = [param.grad for group in sharded.original_groups for param in group if param.grad is not None]
-    total = torch.nn.utils.get_total_norm(whole, norm_type=2.0)
-    torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total)
+    torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, sharded.grad_norm())
+
+
+def gradient_norm(optimizer: Any) -> torch.Tensor | None:
+    """The 2-norm of a sharded optimizer's whole gradients (a collective), None for one that is not sharded."""
+    sharded = sharding_of(optimizer)
+    return sharded.grad_norm() if sharded is not None else None
 
 
 # ---------------------------------------------------------------------- what a strategy calls
 def attach_shards(reducer: Any, rank: int, world_size: int) -> ZeroShards | None:
-    """This rank's shard of every bucket of a `GradReducer` built with `zero_stage=1`, its segments' gradients
+    """This rank's shard of every bucket of a `ShardedGradReducer` (zero_stage 1 or 2), its segments' gradients
     bound after each synchronised pass; None when there is nothing to shard (stage 0, or one rank)."""
     if not reducer.zero_stage or world_size == 1:
         return None
     shards = ZeroShards(reducer.parameters, reducer.layout, rank, world_size, reducer.process_group,
-                        reducer.shared_memory)
+                        reducer.shared_memory, reducer.gradient_shards, reducer.zero_stage)
     if reducer.after_sync is not None:  # bucket_cap_mb="auto" (its only other user) is refused with ZeRO
         raise RuntimeError("a ZeRO reducer already has an after_sync callback; bucket_cap_mb='auto' is not "
-                           "supported with zero_stage=1.")
+                           "supported with ZeRO.")
     reducer.after_sync = lambda _times: shards.bind_grads()
+    shards.gradient_bytes = reducer.gradient_bytes
     return shards
 
 
@@ -433,9 +474,9 @@ def shard_optimizers(optimizers: Sequence[torch.optim.Optimizer], shards: ZeroSh
     """Shard every optimizer that has parameters (`shard_optimizer`); the first one's first step also measures
     every rank's state bytes (`ZeroShards.summary`). `loss_scaling` (a GradScaler steps them) is refused."""
     if loss_scaling:
-        raise ValueError("zero_stage=1 cannot run with a loss scaler (precision='16-mixed'): each rank would judge "
-                         "overflow on its own shard and skip steps alone. Use precision='bf16-mixed' or '32-true', "
-                         "or zero_stage=0.")
+        raise ValueError(f"zero_stage={shards.zero_stage} cannot run with a loss scaler (precision='16-mixed'): each "
+                         "rank would judge overflow on its own shard and skip steps alone. Use "
+                         "precision='bf16-mixed' or '32-true', or zero_stage=0.")
     sharded = [shard_optimizer(optimizer, shards) for optimizer in optimizers
                if any(group["params"] for group in optimizer.param_groups)]
     if sharded:

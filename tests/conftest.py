@@ -1,4 +1,11 @@
-"""Test hygiene, once for the whole suite: each test starts without a launcher's variables and
+"""Test hygiene and the slow-test marker, once for the whole suite.
+
+`@pytest.mark.conformance` marks a slow run (a differential run against Lightning, a fault or kill
+scenario, a second parametrisation of a multi-process case): skipped unless selected, so `make test`
+stays within its 10 minutes on 2 cores; `make conformance` (`pytest -m conformance`, or
+`DDP_CONFORMANCE=1 pytest`) runs them.
+
+Hygiene: each test starts without a launcher's variables and
 leaves no environment change, process group, thread of ours or file in the working directory behind.
 
 A leak here would make a later test pass or fail for reasons of its own order (a seed set by
@@ -28,6 +35,21 @@ LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GRO
 LAUNCH_PREFIXES = ("SLURM_", "TORCHELASTIC_")
 _OUR_THREADS = "ddp-trainer-"  # the prefix of every thread our code starts
 _THREAD_GRACE_S = 5.0
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "conformance: slow run (skipped unless selected with -m conformance or "
+                                       "DDP_CONFORMANCE=1; `make conformance` runs them)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    selected = "conformance" in (config.getoption("markexpr", "") or "") or os.environ.get("DDP_CONFORMANCE") == "1"
+    if selected:
+        return
+    skip = pytest.mark.skip(reason="slow run: select with -m conformance or DDP_CONFORMANCE=1 (make conformance)")
+    for item in items:
+        if item.get_closest_marker("conformance") is not None:
+            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

@@ -43,10 +43,13 @@ COMPILED: dict[str, Contender] = {c.name: c for c in (
               {"compile": "inductor"}, distributed=False),
 )}
 
-# ZeRO-1 (optimizer state sharded over the ranks, strategies/zero.py), run when asked for: against "ours".
+# ZeRO-1 and -2 (optimizer state, then gradients, sharded over the ranks: strategies/zero.py), run when asked
+# for: against "ours".
 ZERO: dict[str, Contender] = {c.name: c for c in (
     Contender("ours_zero1", "our Trainer + DDPStrategy(zero_stage=1)", "benchmarks.contenders.ours",
               {"zero_stage": "1"}),
+    Contender("ours_zero2", "our Trainer + DDPStrategy(zero_stage=2)", "benchmarks.contenders.ours",
+              {"zero_stage": "2"}),
 )}
 
 BASELINE = "torch_ddp"

@@ -1,34 +1,15 @@
-"""The `conformance` marker: slow differential runs (2 processes, the long tail of the corpus).
+"""The differential runs against Lightning: one CPU thread per test, as each rank has.
 
-They are skipped unless selected, so `make test` stays within its time budget on 2 cores:
-`pytest -m conformance tests/conformance` (or `DDP_CONFORMANCE=1 pytest tests/conformance`) runs them.
+The `conformance` marker that keeps their slow part out of `make test` is defined for the whole
+suite in tests/conftest.py.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
 import torch
-
-
-SLOW_FOLDERS = ("/tests/conformance/", "/tests/notebook/")  # tests/notebook/conftest.py takes these hooks too
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "conformance: slow differential run against Lightning (skipped unless "
-                                       "selected with -m conformance or DDP_CONFORMANCE=1)")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    selected = "conformance" in (config.getoption("markexpr", "") or "") or os.environ.get("DDP_CONFORMANCE") == "1"
-    if selected:
-        return
-    skip = pytest.mark.skip(reason="slow conformance run: select with -m conformance or DDP_CONFORMANCE=1")
-    for item in items:
-        if item.get_closest_marker("conformance") is not None and any(f in str(item.fspath) for f in SLOW_FOLDERS):
-            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

@@ -86,6 +86,7 @@ def _check_what_the_program_reads(record: dict[str, Any], devices: int, logger: 
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.conformance
 def test_data_stages_match_lightning_quick(tmp_path: Path) -> None:
     """The representative `make test` runs: `lightning.pytorch`, 1 process, TensorBoardLogger."""
     _check_what_the_program_reads(_compare("lightning.pytorch", 1, "tensorboard", tmp_path), 1, "tensorboard")

@@ -68,6 +68,7 @@ def _rebuilt_as_trained(module_class: type, path: str, trained: dict[str, Any]) 
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.conformance
 def test_objects_in_hparams_rebuild_with_the_opt_in_as_under_lightning(tmp_path: Path) -> None:
     import pickle
 

@@ -52,6 +52,7 @@ BOTH_SLOW = [pytest.param(package, marks=pytest.mark.conformance) for package in
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("package", ["pytorch_lightning", pytest.param("lightning.pytorch", marks=pytest.mark.conformance)])
+@pytest.mark.conformance
 def test_flags_and_a_yaml_config_give_what_lightnings_cli_gives(tmp_path: Path, package: str) -> None:
     config = tmp_path / "config.yaml"
     config.write_text("trainer:\n  max_epochs: 2\n  limit_val_batches: 2\nmodel:\n  hidden: 5\ndata:\n  batch_size: 8\n")
@@ -65,6 +66,7 @@ def test_flags_and_a_yaml_config_give_what_lightnings_cli_gives(tmp_path: Path, 
 
 @pytest.mark.timeout(540)
 @pytest.mark.parametrize("package", ["lightning.pytorch", pytest.param("pytorch_lightning", marks=pytest.mark.conformance)])
+@pytest.mark.conformance
 def test_a_cli_subclass_with_its_own_save_config_callback_and_trainer_defaults(tmp_path: Path, package: str) -> None:
     """The issue's program: `lightning.pytorch` classes, a LightningCLI subclass (linked arguments, before_fit),
     a SaveConfigCallback subclass, a Lightning callback in trainer_defaults; `pytorch_lightning` not installed."""

@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(660)
 @pytest.mark.parametrize("processes", [1, pytest.param(2, marks=pytest.mark.conformance)])
 @pytest.mark.parametrize("package", ["lightning.pytorch", "pytorch_lightning"])
+@pytest.mark.conformance
 def test_a_program_needs_only_its_own_lightning_package(tmp_path: Path, package: str, processes: int) -> None:
     ours, plugin = (_run(what, package, processes, tmp_path) for what in ("ours", "plugin"))
     assert ours["loaded"] == plugin["loaded"] == [package.partition(".")[0]]

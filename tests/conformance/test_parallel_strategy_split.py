@@ -37,6 +37,7 @@ def _run(which: str, package: str, processes: int, out: Path) -> dict[str, Any]:
     pytest.param("lightning.pytorch", 1, marks=pytest.mark.conformance),
     pytest.param("pytorch_lightning", 1, marks=pytest.mark.conformance),
 ])
+@pytest.mark.conformance
 def test_a_module_splitting_its_batch_by_parallel_strategy(tmp_path: Path, package: str, processes: int) -> None:
     lightning = _run("lightning", package, processes, tmp_path / "lightning")
     ours = _run("ours", package, processes, tmp_path / "ours")

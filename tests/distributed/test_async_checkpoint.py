@@ -48,6 +48,7 @@ def test_every_background_checkpoint_is_the_state_of_its_step(tmp_path: Path, de
     assert stats.waits > 0  # a write slower than a step: the next save waited, and it was counted
 
 
+@pytest.mark.conformance
 def test_resume_from_a_background_checkpoint_trains_on_exactly(tmp_path: Path) -> None:
     """The last background checkpoint of a fit resumes to the same weights as a fit that never stopped."""
     def fit(max_steps: int, ckpt_path: str | None, root: Path) -> TinyRegressor:
@@ -96,7 +97,7 @@ def _unlock(directory: Path) -> None:
     directory.chmod(0o700)
 
 
-@pytest.mark.parametrize("devices", [1, 2])
+@pytest.mark.parametrize("devices", [1, pytest.param(2, marks=pytest.mark.conformance)])
 def test_an_unwritable_directory_fails_the_fit_naming_the_file_and_keeps_the_previous(tmp_path: Path,
                                                                                       devices: int) -> None:
     directory = tmp_path / "ckpt"

@@ -33,6 +33,7 @@ def _alive_in_session(session: int) -> list[int]:
     return alive
 
 
+@pytest.mark.conformance
 def test_a_kill_during_a_background_write_leaves_complete_files_and_resumes_exactly(tmp_path: Path) -> None:
     save_index, after_bytes = 3, 700  # step 4's top-k file (each save event writes it, then last.ckpt)
     killed_dir = tmp_path / "killed"

@@ -62,6 +62,7 @@ SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.conformance
 def test_a_scripts_own_class_in_a_checkpoint_saves_and_resumes(tmp_path: Path) -> None:
     run_user_script(tmp_path, SCRIPT, str(tmp_path), timeout_s=200)
     assert (tmp_path / "batches-1.txt").read_text() == "2"  # the first fit's 2 batches

@@ -83,6 +83,7 @@ def _torch_ddp_compiled(rank: int, world_size: int) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.conformance
 def test_compiled_module_trains_compiled_split_at_buckets_and_equals_torch_ddp_compiled(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     log = tmp_path / "graphs.log"

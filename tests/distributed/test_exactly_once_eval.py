@@ -103,6 +103,7 @@ class StepRecorder(Counter):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.conformance
 def test_uneven_iterable_training_stops_together(tmp_path: Path) -> None:
     model = StepRecorder()
     trainer = _trainer(tmp_path, 2, max_epochs=2)

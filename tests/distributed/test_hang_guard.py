@@ -39,6 +39,7 @@ def _launch_failure(fn: Any, *args: Any, **strategy_kwargs: Any) -> tuple[str, f
     return f"{type(info.value).__name__}: {info.value}", time.monotonic() - started
 
 
+@pytest.mark.conformance
 def test_ranks_in_different_collectives_end_the_job_naming_both() -> None:
     message, seconds = _launch_failure(hang_workers.extra_barrier_on_rank_zero)
     assert "hang guard" in message and "the ranks issued different collectives" in message
@@ -68,6 +69,7 @@ def test_debug_fingerprints_let_a_correct_program_through() -> None:
     assert strategy.launch(hang_workers.matched_collectives, strategy) == sum(2 * (2 * s + 1) for s in range(5))
 
 
+@pytest.mark.conformance
 def test_a_checkpoint_write_longer_than_the_stall_timeout_is_not_a_hang(tmp_path: Path) -> None:
     strategy = DDPStrategy(stall_timeout=2.0, checkpoint_io=hang_workers.SlowCheckpointIO(seconds=5.0))
     strategy.configure(accelerator="cpu", devices=2)
@@ -81,10 +83,12 @@ def _fit(model: Any, tmp_path: Path, strategy: DDPStrategy, data: Any = None) ->
     trainer.fit(model, datamodule=data or RegressionData(batch_size=4))
 
 
+@pytest.mark.conformance
 def test_a_long_prepare_data_on_rank_zero_is_not_a_hang(tmp_path: Path) -> None:
     _fit(TinyRegressor(), tmp_path, DDPStrategy(stall_timeout=2.0), SlowPrepareData(batch_size=4))
 
 
+@pytest.mark.conformance
 def test_a_training_step_stuck_on_one_rank_ends_the_fit(tmp_path: Path) -> None:
     started = time.monotonic()
     with pytest.raises(WorkerFailedError) as info:
@@ -103,6 +107,7 @@ def test_sync_dist_on_one_rank_is_named_with_debug_collectives(tmp_path: Path) -
     assert "gradient all-reduce" in message  # what rank 1 issued at the same position
 
 
+@pytest.mark.conformance
 def test_sync_dist_on_one_rank_without_debug_points_to_it(tmp_path: Path) -> None:
     """Gloo aborts the rank whose message sizes do not match; the report says what to do."""
     with pytest.raises(WorkerFailedError) as info:

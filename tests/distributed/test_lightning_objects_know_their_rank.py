@@ -44,6 +44,7 @@ SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.conformance
 def test_lightning_logger_on_rank_1_gets_the_dummy_experiment(tmp_path: Path) -> None:
     run_user_script(tmp_path, SCRIPT, str(tmp_path))
     assert (tmp_path / "rank0.txt").read_text() == "0 False"

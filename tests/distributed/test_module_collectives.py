@@ -78,6 +78,7 @@ def _run(tmp_path: Path, kind: str) -> list[dict]:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.conformance
 def test_all_gather_and_reduce_match_lightnings_trainer(tmp_path: Path) -> None:
     lightning = _run(tmp_path, "lightning")
     assert lightning[1]["x"] == [[0.0, 0.0], [1.0, 10.0]] and lightning[0]["grad"] == [6.0]  # the oracle's reading

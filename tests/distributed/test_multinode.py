@@ -67,6 +67,7 @@ def _launch_two_nodes(tmp_path: Path, devices: int, timeout: float = 90) -> list
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.conformance
 def test_two_nodes_finish_with_identical_parameters(tmp_path: Path) -> None:
     results = _launch_two_nodes(tmp_path, devices=1)
     for node, result in enumerate(results):
@@ -79,6 +80,7 @@ def test_two_nodes_finish_with_identical_parameters(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.conformance
 def test_devices_mismatch_fails_fast_with_the_preflight_message(tmp_path: Path) -> None:
     started = time.monotonic()
     results = _launch_two_nodes(tmp_path, devices=2)  # Trainer(devices=2) but 1 process per node

@@ -55,9 +55,9 @@ def _preempt_then_resume(root: Path, step: int, to: str, signal_name: str = "SIG
 
 
 @pytest.mark.parametrize(("step", "to", "signal_name"), [
-    (5, "rank1", "SIGTERM"),     # mid-epoch, one rank
-    (5, "all", "SIGUSR1"),       # every rank, SLURM's signal
-    (6, "launcher", "SIGTERM"),  # the launching process only (Kubernetes signals the main process)
+    pytest.param(5, "rank1", "SIGTERM", marks=pytest.mark.conformance),     # mid-epoch, one rank
+    pytest.param(5, "all", "SIGUSR1", marks=pytest.mark.conformance),       # every rank, SLURM's signal
+    pytest.param(6, "launcher", "SIGTERM", marks=pytest.mark.conformance),  # the launching process only (Kubernetes signals the main process)
     (2, "rank0", "SIGTERM"),     # the agreed step is an epoch's last batch: stops between epochs
 ])
 def test_notice_checkpoints_and_resumes_bit_exactly(tmp_path: Path, uninterrupted: dict[str, torch.Tensor],
@@ -74,6 +74,7 @@ def test_notice_checkpoints_and_resumes_bit_exactly(tmp_path: Path, uninterrupte
         assert torch.equal(value, resumed.state_dict()[key]), key
 
 
+@pytest.mark.conformance
 def test_our_restart_resumes_from_the_preemption_checkpoint(tmp_path: Path,
                                                             uninterrupted: dict[str, torch.Tensor]) -> None:
     """A notice to one worker alone (not to the launching process): with max_restarts the group restarts
@@ -101,6 +102,7 @@ def _torchrun(root: Path, notice_step: int) -> dict[str, Any]:
     return {"log": result.stdout + result.stderr, **torch.load(out, weights_only=True)}
 
 
+@pytest.mark.conformance
 def test_torchrun_restart_resumes_from_the_preemption_checkpoint(tmp_path: Path) -> None:
     """torchrun's agent sees every rank exit 75 and restarts the group, which resumes by itself; the
     oracle is an uninterrupted torchrun run (its ranks build the model before their dropout draws)."""
@@ -127,6 +129,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.conformance
 def test_no_checkpoint_within_the_grace_period_still_exits_75_in_time(tmp_path: Path) -> None:
     """The launching process is rank 0, so the grace deadline ends the script itself (exit 75), as it
     ends a torchrun rank: the scheduler's SIGKILL would come next. Run as a script, since it exits."""
@@ -154,6 +157,7 @@ def test_one_process_stops_at_the_next_boundary_and_sets_lightnings_flag(tmp_pat
     assert trainer.received_sigterm, "stays True after the fit, as Lightning's (tests/integration/test_preemption_vs_lightning.py)"
 
 
+@pytest.mark.conformance
 def test_steps_without_a_collective_still_stop_every_rank_together(tmp_path: Path) -> None:
     """Manual optimization that skips backward on odd batches: between two boundaries nothing makes the
     ranks meet, so the watch adds a barrier there; the ranks stop together and resume bit-exactly."""

@@ -34,6 +34,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return _torchrun(tmp_path_factory.mktemp("uninterrupted"), crash_step=-1, max_restarts=0)
 
 
+@pytest.mark.conformance
 def test_killed_rank_restarts_and_resumes_exactly(tmp_path: Path, uninterrupted: dict) -> None:
     restarted = _torchrun(tmp_path / "b", crash_step=5, max_restarts=1)  # dies at step 5, resumes from step 4
     assert restarted["global_step"] == uninterrupted["global_step"] == 12
@@ -41,6 +42,7 @@ def test_killed_rank_restarts_and_resumes_exactly(tmp_path: Path, uninterrupted:
         assert torch.equal(value, restarted["state_dict"][key]), key
 
 
+@pytest.mark.conformance
 def test_our_launcher_restarts_the_group_too(tmp_path: Path, uninterrupted: dict) -> None:
     seed_everything(5)
     model = CrashOnceRegressor(crash_step=5, optimizer="adam")

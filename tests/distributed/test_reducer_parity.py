@@ -182,6 +182,7 @@ UNUSED_CASES = [
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.conformance
 def test_unused_parameters_neither_hang_nor_diverge() -> None:
     results = run_on_ranks(_run_cases, 2, UNUSED_CASES)
     _check(results, UNUSED_CASES)
@@ -202,6 +203,7 @@ PRECISION_CASES = [
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.conformance
 def test_autocast_and_compression_hooks() -> None:
     """Exact against torch DDP doing the same thing; close to the fp32 global-batch run."""
     results = run_on_ranks(_run_cases, 2, PRECISION_CASES)
@@ -320,6 +322,7 @@ def _used_after_all(rank: int, world_size: int, as_view: bool, set_to_none: bool
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("as_view, set_to_none", [(True, True), (True, False), (False, True)])
+@pytest.mark.conformance
 def test_parameters_marked_unused_but_used_after_all_average_exactly(as_view: bool, set_to_none: bool) -> None:
     """Their gradient (accumulated over no_sync, then this pass) is divided once and lands whole in the average."""
     assert run_on_ranks(_used_after_all, 2, as_view, set_to_none) == [0.0, 0.0]

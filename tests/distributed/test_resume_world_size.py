@@ -64,6 +64,7 @@ def test_two_processes_resumed_on_one_continue_the_sample_stream(tmp_path: Path)
     assert sorted(first + rest) == list(range(N))
 
 
+@pytest.mark.conformance
 def test_two_processes_resumed_on_three_pad_only_the_rest(tmp_path: Path) -> None:
     checkpoint = _interrupted_run(tmp_path)
     _fit(tmp_path, 3, "resumed3", ckpt_path=str(checkpoint), max_epochs=1)

@@ -59,7 +59,7 @@ def _compare_with_gloo(rank: int, world_size: int, directory: str) -> dict[str, 
     return {"worst": worst, "identical": identical, "files_after_setup": files_after_setup}
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", [2, pytest.param(3, marks=pytest.mark.conformance)])
 def test_sums_like_gloo_in_every_dtype_and_size(world_size: int, tmp_path: Path) -> None:
     results = run_on_ranks(_compare_with_gloo, world_size, str(tmp_path))
     for rank, result in enumerate(results):
@@ -71,6 +71,46 @@ def test_sums_like_gloo_in_every_dtype_and_size(world_size: int, tmp_path: Path)
         else:  # three addends in another order (and compressed sums rounded once, not twice): bf16 rounding
             assert result["worst"] < 0.05, result
     assert list(tmp_path.iterdir()) == []
+
+
+def _reduce_scatter_against_all_reduce(rank: int, world_size: int, directory: str) -> dict[str, Any]:
+    """ZeRO's reduce-scatter: this rank's chunk of the sum, into a separate output or in place, against the
+    shared-memory all-reduce's chunk (the same bits at any world size) and gloo's reduce_scatter_single."""
+    os.environ[shm_region.SHM_DIR_ENV] = directory
+    transport = shm.connect_shared_memory(None, transport="shared_memory", timeout=timedelta(seconds=30),
+                                          slot_bytes=SLOT)
+    assert transport is not None
+    cases = [(world_size * chunk, dtype) for chunk in (1, 17, 1024, 3000) for dtype in (torch.float32, torch.bfloat16)]
+    inputs = [_contribution(rank, numel, dtype, seed) for seed, (numel, dtype) in enumerate(cases)]
+    outputs = [torch.full((numel // world_size,), float("nan"), dtype=dtype) for numel, dtype in cases]
+    in_place = [tensor.clone() for tensor in inputs]
+    futures = [transport.reduce_scatter_async(tensor, out) for tensor, out in zip(inputs, outputs)]
+    futures += [transport.reduce_scatter_async(tensor, tensor.view(world_size, -1)[rank]) for tensor in in_place]
+    for future in futures:
+        future.wait()
+    exact_as_all_reduce, worst_against_gloo = True, 0.0
+    for tensor, out, same_buffer in zip(inputs, outputs, in_place):
+        chunk = out.numel()
+        summed = tensor.clone()
+        transport.all_reduce_async(summed).wait()
+        mine = summed[rank * chunk:(rank + 1) * chunk]
+        exact_as_all_reduce &= torch.equal(out, mine)
+        exact_as_all_reduce &= torch.equal(same_buffer[rank * chunk:(rank + 1) * chunk], mine)
+        exact_as_all_reduce &= torch.equal(same_buffer[:rank * chunk], tensor[:rank * chunk])  # the rest: untouched
+        expected = torch.empty_like(out)
+        dist.reduce_scatter_single(expected, tensor.clone())
+        worst_against_gloo = max(worst_against_gloo, (out.double() - expected.double()).abs().max().item())
+    transport.close()
+    return {"exact_as_all_reduce": exact_as_all_reduce, "worst_against_gloo": worst_against_gloo}
+
+
+@pytest.mark.conformance  # ~12 s each on the 2-core machine; every ZeRO fit runs it too (transport "auto")
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_reduce_scatter_gives_each_rank_its_chunk_of_the_all_reduce(world_size: int, tmp_path: Path) -> None:
+    for result in run_on_ranks(_reduce_scatter_against_all_reduce, world_size, str(tmp_path)):
+        assert result["exact_as_all_reduce"], result
+        limit = 0.0 if world_size == 2 else 0.05  # gloo adds three addends in its own order (bf16 rounding)
+        assert result["worst_against_gloo"] <= limit, result
 
 
 def _connect(rank: int, world_size: int, transport: str, directory: str, split_hosts: bool) -> str | None:
@@ -85,12 +125,14 @@ def _connect(rank: int, world_size: int, transport: str, directory: str, split_h
 
 
 @pytest.mark.parametrize("split_hosts", [False, True], ids=["no-shm-dir", "two-hosts"])
+@pytest.mark.conformance
 def test_auto_falls_back_to_the_process_group_on_every_rank(split_hosts: bool, tmp_path: Path) -> None:
     directory = str(tmp_path) if split_hosts else str(tmp_path / "missing")
     assert run_on_ranks(_connect, 2, "auto", directory, split_hosts) == [None, None]
     assert run_on_ranks(_connect, 2, "auto", str(tmp_path), False) == ["shared_memory", "shared_memory"]
 
 
+@pytest.mark.conformance
 def test_shared_memory_that_cannot_be_had_is_an_error_naming_why(tmp_path: Path) -> None:
     with pytest.raises(RankFailed, match=r"unavailable: rank 0: .*missing does not exist.*transport='auto'"):
         run_on_ranks(_connect, 2, "shared_memory", str(tmp_path / "missing"), False)
@@ -116,6 +158,7 @@ def _one_rank_never_arrives(rank: int, world_size: int, directory: str) -> str:
     return message
 
 
+@pytest.mark.conformance
 def test_a_peer_that_never_arrives_is_an_error_naming_it(tmp_path: Path) -> None:
     message = run_on_ranks(_one_rank_never_arrives, 2, str(tmp_path))[0]
     assert "rank 0 waited" in message and "for rank 1 to copy its gradients in" in message, message
@@ -148,6 +191,7 @@ def _mismatched_sizes(rank: int, world_size: int, directory: str) -> str:
     return _reduce_and_report(rank, directory, numel=10 + 2 * rank, fail=False)
 
 
+@pytest.mark.conformance
 def test_ranks_sending_different_sizes_fail_instead_of_summing_garbage(tmp_path: Path) -> None:
     started = time.monotonic()
     messages = run_on_ranks(_mismatched_sizes, 2, str(tmp_path))
@@ -160,6 +204,7 @@ def _one_rank_fails(rank: int, world_size: int, directory: str) -> str:
     return _reduce_and_report(rank, directory, numel=10, fail=rank == 1)
 
 
+@pytest.mark.conformance
 def test_a_failing_rank_stops_its_peers_at_once(tmp_path: Path) -> None:
     started = time.monotonic()
     messages = run_on_ranks(_one_rank_fails, 2, str(tmp_path))

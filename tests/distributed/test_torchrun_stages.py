@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.conformance
 def test_several_stages_in_one_torchrun_job(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                "-m", "tests.helpers.torchrun_two_stages", str(tmp_path)]

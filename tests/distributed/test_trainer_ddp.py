@@ -29,8 +29,9 @@ def _fit(tmp_path: Path, devices: int, batch_size: int, strategy: Any, **kwargs:
 
 @pytest.mark.parametrize("strategy_kwargs", [
     {},                                                     # default buckets
-    {"bucket_cap_mb": 1e-5, "first_bucket_cap_mb": 1e-5},   # one bucket per parameter
-    {"gradient_as_bucket_view": False},
+    pytest.param({"bucket_cap_mb": 1e-5, "first_bucket_cap_mb": 1e-5},   # one bucket per parameter
+                 marks=pytest.mark.conformance),
+    pytest.param({"gradient_as_bucket_view": False}, marks=pytest.mark.conformance),
 ])
 def test_ddp_equals_single_process_on_global_batch(tmp_path: Path, strategy_kwargs: dict[str, Any]) -> None:
     single, _ = _fit(tmp_path, 1, 16, "single")
@@ -65,6 +66,7 @@ def _fit_dropout(tmp_path: Path, max_epochs: int, ckpt_path: str | None = None,
     return model
 
 
+@pytest.mark.conformance
 def test_workers_are_seeded_and_resume_is_exact(tmp_path: Path) -> None:
     # Equality needs both: the seed reaching the spawned workers (the first halves agree) and
     # every rank's RNG stream restored from the checkpoint (the second halves agree).

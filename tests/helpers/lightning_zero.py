@@ -1,9 +1,9 @@
-"""Run under torchrun (2 ranks, gloo): `pytorch_lightning.Trainer` with our plug-in at zero_stage 0 and 1.
+"""Run under torchrun (2 ranks, gloo): `pytorch_lightning.Trainer` with our plug-in at zero_stage 0, 1 and 2.
 
     python -m torch.distributed.run --standalone --nproc-per-node=2 tests/helpers/lightning_zero.py OUT_DIR
 
-Both fits (AdamW with two param groups, norm clipping, a step scheduler) run in the same processes; each
-writes a checkpoint. Rank 0 writes `OUT_DIR/zero.pt`: both runs' weights, both checkpoints' optimizer
+The fits (AdamW with two param groups, norm clipping, a step scheduler) run in the same processes; each
+writes a checkpoint. Rank 0 writes `OUT_DIR/zero.pt`: each run's weights, each checkpoint's optimizer
 states, and rank 0's optimizer state size in each run.
 """
 
@@ -64,7 +64,7 @@ def fit(zero_stage: int, out: Path) -> dict[str, Any]:
 
 
 def main(out: Path) -> None:
-    results = {f"zero{stage}": fit(stage, out) for stage in (0, 1)}
+    results = {f"zero{stage}": fit(stage, out) for stage in (0, 1, 2)}
     if torch.distributed.get_rank() == 0:
         torch.save(results, out / "zero.pt")
 

@@ -17,6 +17,7 @@ REPO = Path(__file__).parents[2]
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.conformance
 def test_quick_run_writes_json_markdown_and_plot(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "benchmarks.run", "--quick", "--workloads", "cnn", "--contenders",
                "torch_ddp,ours", "--steps", "2", "--warmup", "1", "--launch-repeats", "1", "--out", str(tmp_path),
@@ -44,6 +45,7 @@ def test_quick_run_writes_json_markdown_and_plot(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.conformance
 def test_precision_and_batch_size_reach_every_contender(tmp_path: Path) -> None:
     """bf16-mixed autocast in the hand-written loop and in our Trainer alike: the same loss."""
     command = [sys.executable, "-m", "benchmarks.run", "--quick", "--workloads", "cnn", "--contenders",

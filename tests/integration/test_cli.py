@@ -135,7 +135,7 @@ def test_group_list_choice_and_data_errors_are_one_line(hydra_context: None) -> 
     (["strategy.start_method=fork"], "strategy.start_method='fork' is not one of ['forkserver', 'spawn']"),
     (["strategy.bucket_cap_mb=big"], "strategy.bucket_cap_mb='big' must be a number of MiB > 0 or 'auto'"),
     (["strategy.bucket_cap_mb=0"], "strategy.bucket_cap_mb=0 must be a number of MiB > 0 or 'auto'"),
-    (["strategy.zero_stage=3"], "strategy.zero_stage=3 is not one of [0, 1]"),
+    (["strategy.zero_stage=3"], "strategy.zero_stage=3 is not one of [0, 1, 2]"),
     (["seed=-1"], "seed=-1 must be an int >= 0"),
     (["monitor.mode=best"], "monitor.mode='best' is not one of ['min', 'max']"),
     (["callbacks.lr_monitor.logging_interval=step", "~callbacks.lr_monitor._target_"], "callbacks.lr_monitor="),
@@ -232,6 +232,7 @@ def start(args: list[str], cwd: Path, **env: str) -> subprocess.Popen[str]:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.conformance
 def test_command_line_errors_and_introspection(tmp_path: Path) -> None:
     """Bad input: exit 2, one stderr line naming the key, no run directory (composition and
     validation fail before Hydra makes one). Also: HYDRA_FULL_ERROR=1 keeps the trace, and a

@@ -75,6 +75,7 @@ def test_ddp_two_processes_learns_digits(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.conformance
 def test_single_process_and_multirun_over_the_other_demos(tmp_path: Path) -> None:
     """One process (`strategy=single`), and a multirun over the GPT and regression experiments."""
     ddp_train(["strategy=single", "trainer.devices=1", "trainer=fast"], tmp_path / "single")

@@ -18,6 +18,7 @@ REPO = Path(__file__).parents[2]
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.conformance
 def test_smoke_run_measures_every_contender_on_the_same_arithmetic(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "benchmarks.gpu", "--smoke", "--workloads", "gpt", "--modes", "eager",
                "--out", str(tmp_path)]

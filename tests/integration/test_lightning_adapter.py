@@ -80,6 +80,7 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 # ---------------------------------------------------------------- 1. pytorch_lightning.Trainer
 @pytest.mark.timeout(JOB_TIMEOUT_S + 30)
 @pytest.mark.parametrize("case", PARITY_CASES)
+@pytest.mark.conformance
 def test_same_weights_as_lightning_ddp(parity: dict[str, Any], case: str) -> None:
     ddp, ours_run = parity[case]["ddp"], parity[case]["ours"]
     assert ddp["model_type"] == "DistributedDataParallel"
@@ -113,6 +114,7 @@ def test_compressed_comm_hook_by_name(parity: dict[str, Any]) -> None:
 
 @pytest.mark.timeout(JOB_TIMEOUT_S + 30)
 @pytest.mark.parametrize("case", BUFFER_CASES)
+@pytest.mark.conformance
 def test_batchnorm_buffers_sync_like_lightning_ddp(buffers: dict[str, Any], case: str) -> None:
     # Torch DDP copies rank 0's buffers at the start of a forward only when the previous forward
     # was a synchronised training one, so the first validation forward after training syncs the
@@ -130,6 +132,7 @@ def test_batchnorm_buffers_sync_like_lightning_ddp(buffers: dict[str, Any], case
 
 # ---------------------------------------------------------------- 2. lightning.pytorch.Trainer
 @pytest.mark.timeout(120)
+@pytest.mark.conformance
 def test_unified_lightning_trainer_trains_with_spawn(tmp_path: Path) -> None:
     import lightning.pytorch as lp
 
@@ -155,6 +158,7 @@ def test_unified_lightning_trainer_trains_with_spawn(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- 3. our Trainer, Lightning modules
 @pytest.mark.timeout(JOB_TIMEOUT_S + 30)
 @pytest.mark.parametrize("name", ["boring", "manual", "transformer"])
+@pytest.mark.conformance
 def test_our_trainer_fits_lightning_demo_modules(ours: dict[str, Any], name: str) -> None:
     run = ours[name]
     assert run["world_size"] == 2 and run["rank_diff"] == 0.0
@@ -188,6 +192,7 @@ def test_our_trainer_launches_unified_lightning_module(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------- launcher, registry, options
 @pytest.mark.timeout(JOB_TIMEOUT_S + 30)  # past _run's own limit, so a stall prints its output
+@pytest.mark.conformance
 def test_example_project_runs_with_lightnings_subprocess_launcher(tmp_path: Path) -> None:
     result = _run([sys.executable, str(ROOT / "examples" / "lightning_project.py")], cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-6000:]

@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("notice_step", [5, 4])
+@pytest.mark.conformance
 def test_lightning_trainer_stops_together_checkpoints_and_resumes(tmp_path: Path, notice_step: int) -> None:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
                "tests.helpers.lightning_preemption", str(tmp_path), str(notice_step)]

@@ -41,6 +41,7 @@ def _wait_for(path: Path, proc: subprocess.Popen[str], seconds: float = 120) -> 
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.conformance
 def test_slurm_job_is_checkpointed_requeued_and_resumes(tmp_path: Path) -> None:
     (tmp_path / "bin").mkdir()
     fake = tmp_path / "bin" / "scontrol"

@@ -63,20 +63,23 @@ class StreamRegressor(SignalAtStepSteps, LightningModule):
         return DataLoader(Stream(), batch_size=None)
 
 
-def test_unsized_data_stopped_after_an_epochs_last_batch_still_ends_that_epoch(tmp_path: Path) -> None:
-    """The loop cannot know the last batch of an unsized epoch, so it may stop after it; the resumed fit
-    finds the epoch exhausted and must still run its end (validation, the plateau scheduler)."""
+def test_unsized_data_stopped_at_an_epochs_last_batch_runs_that_epochs_end_once(tmp_path: Path) -> None:
+    """The loop fetches one batch ahead, so it knows an unsized epoch's last batch: a notice there stops
+    after that epoch's end (validation, the plateau scheduler) has run, and the resumed fit must not run
+    it again - one validation per epoch across both fits, and the weights of an uninterrupted fit."""
     seed_everything(1)
     plain = StreamRegressor()
     _trainer(tmp_path / "plain", num_sanity_val_steps=0).fit(plain)
     seed_everything(1)
-    with pytest.raises(Preempted) as stopped:
-        _trainer(tmp_path / "run", num_sanity_val_steps=0).fit(StreamRegressor(notice_at=5))
-    assert stopped.value.step == 6  # after the 6th and last batch of epoch 0
+    stopped = StreamRegressor(notice_at=5)
+    with pytest.raises(Preempted) as preempted:
+        _trainer(tmp_path / "run", num_sanity_val_steps=0).fit(stopped)
+    assert preempted.value.step == 6  # after the 6th and last batch of epoch 0
+    assert torch.load(tmp_path / "run" / "preempted.ckpt", weights_only=True)["epoch"] == 1
     seed_everything(1)
     resumed = StreamRegressor()
     _trainer(tmp_path / "run", num_sanity_val_steps=0).fit(resumed)
-    assert resumed.validations == 3 - 0 and plain.validations == 3  # the resumed fit ran epoch 0's end too
+    assert (stopped.validations, resumed.validations, plain.validations) == (1, 2, 3)
     assert _equal(plain, resumed)
 
 

@@ -16,6 +16,7 @@ REPO = Path(__file__).parents[2]
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.conformance
 def test_quick_stages_run_times_fit_then_test(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "benchmarks.stages", "--quick", "--workloads", "digits", "--contenders", "ours",
                "--out", str(tmp_path)]

@@ -1,36 +1,44 @@
 """Callback: Lightning's hook names, called by the Trainer in one documented order.
 
-The exact order of one `Trainer.fit` (tested in tests/unit/trainer/test_hook_order.py)::
+This is the one place the order of one `Trainer.fit` is written (it is Lightning's; tested in
+tests/unit/trainer/test_hook_order.py and against Lightning's own trace in tests/conformance/).
+Other docstrings point here. A module's hook of the same name runs after the callbacks' ::
 
     setup(stage="fit")                        # callbacks, then module.setup
     on_fit_start
     [load checkpoint: on_load_checkpoint]     # only with fit(ckpt_path=...)
-    on_sanity_check_start / on_sanity_check_end   (not run: we do no sanity check)
+    on_sanity_check_start                     # num_sanity_val_steps (2) validation batches,
+      (the validation hooks below)            # no metrics kept, no checkpoint
+    on_sanity_check_end
     on_train_start
     for epoch:
         on_train_epoch_start
         for batch:
             on_train_batch_start(batch, batch_idx)
-              module.training_step
-              on_before_backward(loss)
-              strategy.backward(loss)         # DDP: buckets all-reduced during backward
-              on_after_backward
-              -- last micro-batch of the accumulation window only: --
-              precision.unscale(optimizer)          # gradients already averaged across ranks
-              on_before_optimizer_step(optimizer)
-              clip gradients -> module.optimizer_step -> scheduler(interval="step")
-              on_before_zero_grad(optimizer); optimizer.zero_grad()
+              module.optimizer_step -> optimizer.step(closure); the closure runs:
+                module.training_step
+                on_before_zero_grad(optimizer); optimizer.zero_grad()   # first micro-batch of a window
+                on_before_backward(loss)
+                strategy.backward(loss)       # DDP: buckets all-reduced during backward
+                on_after_backward
+                -- last micro-batch of the accumulation window only: --
+                precision.unscale(optimizer)  # gradients already averaged across ranks
+                on_before_optimizer_step(optimizer)
+                clip gradients
+              the parameter update; scheduler(interval="step")
             on_train_batch_end(outputs, batch, batch_idx)
-            [validation when val_check_interval is reached:
+            [validation when val_check_interval is reached, and at the epoch's end:
                on_validation_start; on_validation_epoch_start;
                (on_validation_batch_start, validation_step, on_validation_batch_end)*;
-               on_validation_epoch_end; on_validation_end]
-        on_train_epoch_end                    # epoch-level metrics are computed before this
+               on_validation_epoch_end; on_validation_end]   # ModelCheckpoint saves here ...
+        on_train_epoch_end                    # ... or here, without validation
         scheduler(interval="epoch")
-        [on_save_checkpoint when a ModelCheckpoint saves]
     on_train_end
     on_fit_end
     teardown(stage="fit")
+
+`on_save_checkpoint` runs inside each save. The batch's detail (closures, `no_sync` for the micro-batches
+that only accumulate, manual optimization) is in trainer/loops/training_step.py.
 
 Every hook receives `(trainer, pl_module, ...)` like Lightning. Callbacks read only public
 Trainer attributes (`global_step`, `current_epoch`, `callback_metrics`, `logger`,

@@ -14,7 +14,7 @@ from trainer.hparams import omegaconf_to_builtin
 
 
 class Logger(abc.ABC):
-    """The Trainer calls these on global rank 0 only (see `Trainer._log_metrics`)."""
+    """The Trainer calls these on global rank 0 only (trainer/loops/metric_writes.py)."""
 
     @property
     @abc.abstractmethod

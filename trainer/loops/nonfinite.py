@@ -49,10 +49,12 @@ class NonFiniteWatch:
         """Whether the optimizer may step now (False only under "skip"); `loss` is this rank's."""
         if trainer.on_nonfinite == "ignore" or trainer.precision_plugin.scaler is not None:
             return True
-        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        if not grads:
-            return True
-        norm = total_norm(trainer.strategy.gradient_buffers(grads) or grads)
+        norm = trainer.strategy.gradient_norm(optimizer)  # ZeRO: across the ranks' shards (a collective)
+        if norm is None:
+            grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+            if not grads:
+                return True
+            norm = total_norm(trainer.strategy.gradient_buffers(grads) or grads)
         if trainer.on_nonfinite == "skip":
             if bool(torch.isfinite(norm)):
                 return True

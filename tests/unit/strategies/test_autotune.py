@@ -158,6 +158,7 @@ def _tune_on_ranks(rank: int, world_size: int) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.conformance
 def test_ranks_agree_on_the_cap_the_slowest_rank_prefers() -> None:
     rank0, rank1 = run_on_ranks(_tune_on_ranks, 2)
     for result in (rank0, rank1):

@@ -64,6 +64,7 @@ def test_digits_classifier_rejects_bad_choices() -> None:
         DigitsClassifier(arch="cnn", input_dim=60)
 
 
+@pytest.mark.conformance
 def test_digits_mlp_learns(digits: DigitsDataModule) -> None:
     torch.manual_seed(0)
     model = DigitsClassifier()

@@ -105,7 +105,8 @@ def test_a_step_costs_the_norm_and_one_write_with_no_host_read() -> None:
         param.grad = torch.randn_like(param)
     optimizer = SimpleNamespace(param_groups=[{"params": params}])
     trainer = SimpleNamespace(on_nonfinite="error", precision_plugin=SimpleNamespace(scaler=None), current_epoch=0,
-                              global_step=0, strategy=SimpleNamespace(gradient_buffers=lambda grads: None))
+                              global_step=0, strategy=SimpleNamespace(gradient_buffers=lambda grads: None,
+                                                                gradient_norm=lambda optimizer: None))
     watch, loss = NonFiniteWatch(), torch.tensor(0.5)
     watch.usable(trainer, optimizer, loss)  # the buffers are made on the first step
     mode = _CountOps()
