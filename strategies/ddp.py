@@ -57,7 +57,8 @@ class DDPStrategy(Strategy):
     and SIGUSR1), the grace period and whether to requeue on SLURM: every rank stops after the same
     step, rank 0 writes one checkpoint, the processes exit with code 75. False turns it off.
     `start_method` starts local workers from a forkserver that imports torch once for all of them
-    ("forkserver", where the platform has it) or has each import it ("spawn").
+    ("forkserver", where the platform has it) or has each import it ("spawn"); with "forkserver", ranks
+    1..N-1 are forked from the caller instead where that is safe (strategies/forked_ranks.py).
     `async_checkpoint=True` makes ModelCheckpoint's saves copy the state on rank 0 and write it on a
     thread, still atomically (strategies/async_checkpoint.py); off by default (docs/checkpoints.md).
     `zero_stage=1` shards the optimizer state: each rank receives (reduce-scatter) and steps only its even 1/N
@@ -198,7 +199,8 @@ class DDPStrategy(Strategy):
                              f"the built-in launcher starts processes on this machine only.")
         in_place = external or self.devices * self.num_nodes == 1
         return launcher.launch(self, fn, args, kwargs, nprocs=self.devices, in_place=in_place,
-                               max_restarts=self.max_restarts, start_method=self.start_method)
+                               max_restarts=self.max_restarts, start_method=self.start_method,
+                               device_kind=self.accelerator, group=(self.process_group_backend, self.timeout))
 
     @override
     def setup_environment(self) -> None:

@@ -1,45 +1,65 @@
 """Run a function on every rank: in this process alone when the ranks already exist (torchrun,
 srun) or there is only one; else this process is global rank 0, as in Lightning's `ddp`, and
-ranks 1..N-1 are local workers that live across stages.
+ranks 1..N-1 are local processes.
 
 Rank 0 running in the calling process means the objects the user holds (module, callbacks,
-loggers, trainer) are the ones that ran: nothing comes back, nothing is copied. The workers get a
-copy of the work at each stage's start. The first launch of a strategy starts its `WorkerPool`
-(strategies/worker_pool.py); later launches of the same strategy (validate, test or predict after
-fit) reuse those workers and this process's end of their process group. A process keeps at most
-one pool: a launch by another strategy stops the previous one. A worker's failure ends the pool
-and raises `WorkerFailedError` naming the rank (rank 0's own exception goes on as it is, after the
-workers are stopped); this process survives either and the next stage starts a fresh pool. With
-`max_restarts=K` a fresh pool runs the same work again, up to K times (the restarted stage sees
-`restart_count` > 0, and a fit resumes from its newest checkpoint). Restarts default to 0: a
-restart would silently mask a crash.
+loggers, trainer) are the ones that ran: nothing comes back, nothing is copied. Ranks 1..N-1 live
+in one of two ways, chosen per stage:
 
-The work travels by value where it must: `cloudpickle` serialises classes and functions
-defined in `__main__`, inside functions or in a notebook, which workers could not import.
+* Forked from the caller (strategies/forked_ranks.py) where that is safe (a platform with fork, no
+  CUDA, one CPU thread per rank): the ranks inherit the caller's objects, as under Lightning's
+  `ddp_notebook`, so nothing is pickled and nothing imported again. They then stay, with their
+  group, as the process's pool: a later stage whose work pickles goes to them, one whose work does
+  not (a lock, a socket, a generator in it) is forked afresh.
+* Else a worker pool (strategies/worker_pool.py) started from a forkserver (or spawned), which
+  receives a pickled copy of the work at each stage's start.
+
+The pool belongs to the process, not to one strategy: every Trainer with the same world size, device
+kind and start method reaches the same ranks, and their process group is made again only when what it
+depends on changes (backend, timeout; the world size and the store's address change with the pool).
+Two Trainers with different world sizes or devices get different pools (the old one stops first), so
+they never share a group.
+
+Either way one stage runs at a time; a rank's failure ends them all and raises `WorkerFailedError`
+naming the rank (rank 0's own exception goes on as it is, after the others are stopped); this
+process survives either, and the next stage starts fresh. With `max_restarts=K` the same work runs
+again on fresh ranks, up to K times; every rank, this one included, sees the attempt's number
+(`TORCHELASTIC_RESTART_COUNT`, `strategy.restart_count`) and a fit resumes from its newest
+checkpoint. Restarts default to 0: a restart would silently mask a crash. Nothing outlives the
+process: the pool stops at exit, and its workers stop by themselves if this process is killed.
+
+On the pool, the work travels by value where it must: `cloudpickle` serialises classes and
+functions defined in `__main__`, inside functions or in a notebook, which workers could not import.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import inspect
+import os
 import pickle
 import signal
 import tempfile
+import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 import torch
 
-from strategies import process_group
+from strategies import cell_sources, process_group
 from strategies.environment import LaunchingProcessEnvironment, use_launching_process_rank
+from strategies.forked_ranks import ForkedRanks, fork_blocker
 from strategies.hang_guard import LEDGER
 from strategies.notice_signals import replace_handlers
 from strategies.preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionPolicy
+from strategies.unpicklable import unpicklable_paths
 from strategies.worker import cpu_threads_per_rank, exiting, finish
 from strategies.worker_failure import WorkerFailedError
 from strategies.worker_pool import WorkerPool
@@ -49,58 +69,138 @@ if TYPE_CHECKING:
 
 __all__ = ["WorkerFailedError", "launch", "stop_workers"]
 
+RESTART_COUNT_VARIABLE = "TORCHELASTIC_RESTART_COUNT"
 
-class _ActivePool:
-    """The one pool this process keeps, and a weak reference to the strategy it belongs to."""
+
+class _SharedPool:
+    """The one worker pool this process keeps, what it was started for, and the group its ranks hold."""
 
     pool: WorkerPool | None = None
-    owner: weakref.ReferenceType[Any] | None = None
+    key: tuple[Any, ...] | None = None  # (world size, device kind, start method)
+    group: tuple[Any, ...] | None = None  # the options of the group its ranks hold now; None: none
+    generation = 0  # numbers the pool's groups: a new group meets under new keys of the same store
+    users: list[weakref.ReferenceType[Any]] = []  # the strategies that ran a stage on it
+    stage_lock = threading.Lock()  # one stage at a time, in any thread
+    collect_at_exit = False  # a forked stage's group left garbage that must go before the interpreter does
 
 
 def launch(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *,
-           nprocs: int, in_place: bool, max_restarts: int = 0, start_method: str = "forkserver") -> Any:
+           nprocs: int, in_place: bool, max_restarts: int = 0, start_method: str = "forkserver",
+           device_kind: str = "cpu", group: tuple[Any, ...] = ()) -> Any:
     """Run `fn(*args, **kwargs)` on every rank and return global rank 0's result.
 
     `in_place` means this process already is the only rank of its own (torchrun/srun, or a world
     of one). Otherwise this process is global rank 0, running `fn` on the objects it was given, and
-    ranks 1..`nprocs`-1 run on copies in local workers started with `start_method` ("forkserver"
-    where possible, or "spawn").
+    ranks 1..`nprocs`-1 are forked for the stage or served by the process's pool (workers started
+    with `start_method`, "forkserver" where possible, or "spawn"). `group` is what the process
+    group depends on besides the world size (backend, timeout): a pool's group is made again when
+    it changes.
     """
     if in_place:
-        stop_workers()  # another strategy's workers, and this process's end of their group, would be in the way
+        _leave_pool_group()  # the pool's group would be in the way; its workers stay for later stages
         return run_here(strategy, fn, args, kwargs)
-    with tempfile.TemporaryDirectory(prefix="ddp-trainer-stage-") as stage_dir:
-        payload_path = Path(stage_dir, "payload.pt")
-        _serialize(strategy, fn, args, kwargs, payload_path)  # before rank 0 changes anything
-        for restart in range(max_restarts + 1):
-            pool = _pool_for(strategy, nprocs, start_method)
-            policy = strategy.preemption
-            try:
-                with forward_notices(pool, policy) as notice, _rank_zero_of(pool, restart):
-                    result = pool.run(str(payload_path), lambda: _preempted_as_result(strategy, fn, args, kwargs),
-                                      restart_count=restart, notice_signals=policy.signals)
-            except WorkerFailedError as failure:
-                _forget_pool()  # the pool closed itself
-                _after_failure(failure, notice, last_attempt=restart == max_restarts)
-                warnings.warn(f"restarting the workers ({restart + 1} of {max_restarts}) after: {failure}",
-                              RuntimeWarning, stacklevel=2)
-                continue
-            except BaseException:
-                _forget_pool()  # rank 0's own error (or Ctrl-C): the pool closed itself
-                raise
-            if isinstance(result, Preempted):
-                # A notice to this process (rank 0 caught it itself, or it came outside the fit) means
-                # the whole job is going away: no restart then.
-                if notice.received or result.received_here or restart == max_restarts:
-                    raise result  # exit 75 unless the script catches it
-                warnings.warn(f"restarting the workers ({restart + 1} of {max_restarts}) after a worker was {result}",
-                              RuntimeWarning, stacklevel=2)
-                continue
-            if notice.received:  # after the last step boundary, or in a stage without training: nothing to stop
-                warnings.warn(f"{notice.received} (a preemption notice) came while the stage was ending or had no "
-                              "training to checkpoint; the stage completed and the script goes on until the "
-                              "scheduler stops it.", RuntimeWarning, stacklevel=2)
-            return result
+    if not _SharedPool.stage_lock.acquire(blocking=False):
+        raise RuntimeError("launch() was called while another stage runs on this process's ranks (a Trainer's fit "
+                           "inside another's hook, or from another thread): ranks serve one Trainer at a time. "
+                           "Run the stages one after the other.")
+    try:
+        blocker = fork_blocker(nprocs, start_method, device_kind)
+        key = (nprocs, device_kind, "fork" if blocker is None else start_method)
+        with tempfile.TemporaryDirectory(prefix="ddp-trainer-stage-") as stage_dir:
+            payload_path = Path(stage_dir, "payload.pt")
+            if blocker is not None:
+                _serialize(strategy, fn, args, kwargs, payload_path, why_not_forked=blocker)  # before rank 0 runs
+            pooled = blocker is not None or (_live_pool(key) and _pickles(strategy, fn, args, kwargs, payload_path))
+
+            def start(restart: int) -> _Stage:
+                if pooled and (blocker is not None or _live_pool(key)):
+                    return _pool_stage(strategy, payload_path, key, group, restart)
+                return _forked_stage(strategy, (strategy, fn, args, kwargs), key, group, restart)
+
+            return _attempts(strategy, fn, args, kwargs, max_restarts, start)
+    finally:
+        _SharedPool.stage_lock.release()
+
+
+@dataclass
+class _Stage:
+    """One attempt's ranks 1..N-1, how to run it, and what follows its end."""
+
+    ranks: WorkerPool
+    run: Callable[[Callable[[], Any]], Any]
+    generation: int = 0
+
+
+def _forked_stage(strategy: Strategy, work: Any, key: tuple[Any, ...], group: tuple[Any, ...],
+                  restart: int) -> _Stage:
+    """Fork ranks 1.. with the caller's objects as their first stage; they become the process's pool."""
+    stop_workers(collect_garbage=False)  # the old pool's group must not be inherited by the forked ranks
+    generation = _SharedPool.generation + 1
+    ranks = ForkedRanks(key[0], work, restart, strategy.preemption.signals, generation)
+    _SharedPool.pool, _SharedPool.key, _SharedPool.group, _SharedPool.generation = ranks, key, group, generation
+    _remember_user(strategy)
+    return _Stage(ranks, ranks.run_stage, generation)
+
+
+def _live_pool(key: tuple[Any, ...]) -> bool:
+    pool = _SharedPool.pool
+    return pool is not None and _SharedPool.key == key and pool.alive
+
+
+def _remember_user(strategy: Strategy) -> None:
+    _SharedPool.users = [user for user in _SharedPool.users if user() is not None and user() is not strategy]
+    _SharedPool.users.append(weakref.ref(strategy))
+
+
+def _pool_stage(strategy: Strategy, payload_path: Path, key: tuple[Any, ...], group: tuple[Any, ...],
+                restart: int) -> _Stage:
+    pool = _pool_for(key)
+    if _SharedPool.group != group:  # another Trainer's backend or timeout: the ranks make a new group
+        process_group.destroy_process_group()
+        _SharedPool.group, _SharedPool.generation = group, _SharedPool.generation + 1
+    _remember_user(strategy)
+    generation, signals = _SharedPool.generation, strategy.preemption.signals
+
+    def run(work_here: Callable[[], Any]) -> Any:
+        return pool.run(str(payload_path), work_here, restart_count=restart, notice_signals=signals,
+                        group_generation=generation)
+
+    return _Stage(pool, run, generation)
+
+
+def _attempts(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+              max_restarts: int, start: Callable[[int], _Stage]) -> Any:
+    """Run the stage on fresh ranks up to `max_restarts` + 1 times: until it succeeds, rank 0 raises
+    on its own, or a failure or preemption may not be restarted."""
+    for restart in range(max_restarts + 1):
+        stage = start(restart)
+        policy = strategy.preemption
+        try:
+            with forward_notices(stage.ranks, policy) as notice, \
+                    _rank_zero_of(stage.ranks, restart, stage.generation):
+                result = stage.run(lambda: _preempted_as_result(strategy, fn, args, kwargs))
+        except WorkerFailedError as failure:
+            _forget_pool(stage.ranks)  # the ranks closed themselves
+            _after_failure(failure, notice, last_attempt=restart == max_restarts)
+            warnings.warn(f"restarting the workers ({restart + 1} of {max_restarts}) after: {failure}",
+                          RuntimeWarning, stacklevel=3)
+            continue
+        except BaseException:
+            _forget_pool(stage.ranks)  # rank 0's own error (or Ctrl-C): the ranks closed themselves
+            raise
+        if isinstance(result, Preempted):
+            # A notice to this process (rank 0 caught it itself, or it came outside the fit) means
+            # the whole job is going away: no restart then.
+            if notice.received or result.received_here or restart == max_restarts:
+                raise result  # exit 75 unless the script catches it
+            warnings.warn(f"restarting the workers ({restart + 1} of {max_restarts}) after a worker was {result}",
+                          RuntimeWarning, stacklevel=3)
+            continue
+        if notice.received:  # after the last step boundary, or in a stage without training: nothing to stop
+            warnings.warn(f"{notice.received} (a preemption notice) came while the stage was ending or had no "
+                          "training to checkpoint; the stage completed and the script goes on until the "
+                          "scheduler stops it.", RuntimeWarning, stacklevel=3)
+        return result
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
@@ -131,21 +231,34 @@ def _preempted_as_result(strategy: Strategy, fn: Callable[..., Any], args: tuple
 
 
 @contextlib.contextmanager
-def _rank_zero_of(pool: WorkerPool, restart: int) -> Iterator[None]:
-    """For one stage, this process is global rank 0 of `pool`: its environment says so (nothing is
-    written to `os.environ`; the strategy keeps it afterwards, for the ranks the user reads), it takes
-    its share of the CPUs, and a hang-guard verdict here ends the stage (the workers are killed, the
-    stage raises) instead of the process."""
-    use_launching_process_rank(LaunchingProcessEnvironment(pool.nprocs, pool.store, restart))
+def _rank_zero_of(ranks: WorkerPool, restart: int, generation: int) -> Iterator[None]:
+    """For one stage, this process is global rank 0 of `ranks`: its environment says so (the
+    strategy keeps it afterwards, for the ranks the user reads), it sees the attempt's number as
+    every other rank does (`TORCHELASTIC_RESTART_COUNT`, for the attempt only), it takes its share
+    of the CPUs, and a hang-guard verdict here ends the stage (the other ranks are killed, the stage
+    raises) instead of the process."""
+    environment = LaunchingProcessEnvironment(ranks.nprocs, ranks.store, restart, generation)
+    use_launching_process_rank(environment)
     threads = torch.get_num_threads()
-    torch.set_num_threads(cpu_threads_per_rank(pool.nprocs))
-    LEDGER.end_stage = lambda message: pool.fail_stage(0, message)
+    torch.set_num_threads(cpu_threads_per_rank(ranks.nprocs))
+    restart_count_before = os.environ.get(RESTART_COUNT_VARIABLE)
+    os.environ[RESTART_COUNT_VARIABLE] = str(restart)
+    LEDGER.end_stage = lambda message: ranks.fail_stage(0, message)
     try:
         yield
     finally:
         LEDGER.end_stage = None
+        _restore_variable(RESTART_COUNT_VARIABLE, restart_count_before)
+        environment.end_stage()
         use_launching_process_rank(None)
         torch.set_num_threads(threads)
+
+
+def _restore_variable(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
 
 class _Notice:
@@ -183,50 +296,72 @@ def forward_notices(pool: WorkerPool, policy: PreemptionPolicy) -> Iterator[_Not
         restore()
 
 
-def stop_workers(strategy: Strategy | None = None) -> None:
-    """Stop the pool kept for `strategy` (any pool when None); nothing happens if there is none.
-    This process stops being rank 0 of it: its end of the process group goes too."""
-    pool, owner = _ActivePool.pool, _ActivePool.owner
-    if pool is None or (strategy is not None and (owner is None or owner() is not strategy)):
+def stop_workers(strategy: Strategy | None = None, collect_garbage: bool = True) -> None:
+    """Stop the process's worker pool (when `strategy` is given: only if it ran a stage there);
+    nothing happens if there is none. This process stops being rank 0 of it: its end of the process
+    group goes too. The next stage starts a fresh pool."""
+    pool = _SharedPool.pool
+    if pool is None or (strategy is not None and not any(user() is strategy for user in _SharedPool.users)):
         return
-    _forget_pool()  # this process's end of the group first: a worker never waits on it while idle
+    _forget_pool(pool, collect_garbage)  # this process's end of the group first: a worker never waits on it
     pool.close()
 
 
-def _forget_pool() -> None:
-    """No pool any more: this process holds no group with it."""
-    _ActivePool.pool = _ActivePool.owner = None
-    process_group.abort_or_destroy()
+def _forget_pool(ranks: WorkerPool | None = None, collect_garbage: bool = True) -> None:
+    """No pool any more (when `ranks` is the pool, or always when None): this process holds no group
+    with it. Without `collect_garbage` the group's leftovers are collected at exit instead (a full
+    collection takes most of a second in a process that imported torch)."""
+    if ranks is None or ranks is _SharedPool.pool:
+        _SharedPool.pool = _SharedPool.key = _SharedPool.group = None
+        _SharedPool.users = []
+    process_group.abort_or_destroy(collect_garbage)
+    _SharedPool.collect_at_exit |= not collect_garbage
 
 
-def _pool_for(strategy: Strategy, nprocs: int, start_method: str) -> WorkerPool:
-    """The strategy's live pool, or a new one (stopping another strategy's pool first)."""
-    pool, owner = _ActivePool.pool, _ActivePool.owner
-    same = (pool is not None and owner is not None and owner() is strategy and pool.nprocs == nprocs
-            and pool.requested_start_method == start_method and pool.alive)
-    if same:
-        return pool  # type: ignore[return-value]
+def _leave_pool_group() -> None:
+    """A world of one runs here: this process leaves the pool's group (the workers keep theirs until
+    their next stage, which makes a new one)."""
+    if _SharedPool.pool is not None and _SharedPool.group is not None:
+        process_group.destroy_process_group()
+        _SharedPool.group = None
+
+
+def _pool_for(key: tuple[Any, ...]) -> WorkerPool:
+    """The process's live pool if it was started for `key` (world size, device kind, start method),
+    else a new one (stopping the other first: its workers and group fit another shape)."""
+    pool = _SharedPool.pool
+    if pool is not None and _SharedPool.key == key and pool.alive:
+        return pool
     stop_workers()
+    nprocs, _, start_method = key
     pool = WorkerPool(nprocs, start_method)  # ranks 1..nprocs-1; this process is rank 0
-    _ActivePool.pool, _ActivePool.owner = pool, weakref.ref(strategy, _owner_gone)
+    _SharedPool.pool, _SharedPool.key, _SharedPool.group = pool, key, None
     return pool
-
-
-def _owner_gone(_: Any) -> None:
-    """The strategy was garbage-collected: nobody can send its workers another stage."""
-    stop_workers()
 
 
 def _at_exit() -> None:
     exiting()
     stop_workers()
+    if _SharedPool.collect_at_exit:
+        gc.collect()
 
 
 atexit.register(_at_exit)  # after multiprocessing's own exit hook was registered: runs before it
 
 
+def _pickles(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+             path: Path) -> bool:
+    """Whether the work could be written to `path` for a pool (where forking is the alternative)."""
+    try:
+        _serialize(strategy, fn, args, kwargs, path, diagnose=False)
+    except TypeError:
+        path.unlink(missing_ok=True)
+        return False
+    return True
+
+
 def _serialize(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-               path: Path) -> None:
+               path: Path, why_not_forked: str = "", diagnose: bool = True) -> None:
     """Save the work to `path` with `torch.save`, in one piece.
 
     Every worker loads its own private copy of each tensor: torch.multiprocessing, which spawn
@@ -237,19 +372,28 @@ def _serialize(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...]
     reference everything else. `torch.save` rather than plain pickle so that workers can
     map tensor storages from the file instead of materialising every tensor twice (bytes, then
     storage) while unpickling: that transient copy was the largest part of a rank's peak memory.
+    When something cannot be pickled, the error names every such object with its path.
     """
     try:
-        torch.save((strategy, fn, args, kwargs), path, pickle_module=cloudpickle,
+        torch.save((strategy, fn, args, kwargs), path, pickle_module=cell_sources,
                    pickle_protocol=pickle.HIGHEST_PROTOCOL)
-    except (pickle.PicklingError, AttributeError, TypeError) as error:
-        name = getattr(fn, "__qualname__", None) or repr(fn)
-        culprit = unpicklable_part(_named_arguments(fn, args, kwargs))
-        where = f" The first that cannot: {culprit}." if culprit else ""
-        raise TypeError(f"launch() runs {name} on ranks 1..N-1 in worker processes, which receive a pickled copy "
-                        f"of it and its arguments; something in them cannot be pickled (an open file, a lock, a "
-                        f"generator, a live connection): {error}.{where} Create such an object inside a hook "
-                        f"(setup, configure_model, on_fit_start) instead of in __init__, or leave it out of the "
-                        f"object's pickled state (__getstate__).") from error
+    except Exception as error:  # noqa: BLE001 - whatever a user's __getstate__ or __reduce__ raises
+        if not diagnose:
+            raise TypeError(str(error)) from error
+        raise _unpicklable_work_error(fn, args, kwargs, error, why_not_forked) from error
+
+
+def _unpicklable_work_error(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                            error: Exception, why_not_forked: str) -> TypeError:
+    name = getattr(fn, "__qualname__", None) or repr(fn)
+    culprits = unpicklable_paths(_named_arguments(fn, args, kwargs))
+    which = f"These cannot: {', '.join(culprits)}." if culprits else f"({type(error).__name__}: {error})."
+    not_forked = f" Ranks were not forked from this process because {why_not_forked}." if why_not_forked else ""
+    return TypeError(f"launch() runs {name} on ranks 1..N-1 in worker processes, which receive a pickled copy of "
+                     f"it and its arguments; something in them cannot be pickled (an open file, a lock, a generator, "
+                     f"a live connection). {which}{not_forked} Create such an object inside a hook (setup, "
+                     f"configure_model, on_fit_start) instead of in __init__, or leave it out of the object's "
+                     f"pickled state (__getstate__).")
 
 
 def _named_arguments(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -257,34 +401,3 @@ def _named_arguments(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
         return dict(inspect.signature(fn).bind_partial(*args, **kwargs).arguments)
     except (TypeError, ValueError):
         return {f"argument {index}": arg for index, arg in enumerate(args)} | kwargs
-
-
-def unpicklable_part(named: dict[str, Any], depth: int = 4) -> str | None:
-    """The path of the innermost part of `named`'s values that cannot be pickled ("argument 2 ->
-    .callbacks[1] -> .handle (TextIOWrapper)"), or None; only runs once pickling already failed."""
-    for label, value in named.items():
-        if _pickles(value):
-            continue
-        inner = unpicklable_part(_parts(value), depth - 1) if depth > 0 else None
-        return f"{label} -> {inner}" if inner else f"{label} ({type(value).__name__})"
-    return None
-
-
-def _pickles(value: Any) -> bool:
-    try:
-        cloudpickle.dumps(value)
-    except Exception:  # noqa: BLE001 (any failure means: this part cannot travel)
-        return False
-    return True
-
-
-def _parts(value: Any) -> dict[str, Any]:
-    """What `value` pickles: its items, or its attributes (as its __getstate__ gives them)."""
-    if isinstance(value, dict):
-        return {f"[{key!r}]": item for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return {f"[{index}]": item for index, item in enumerate(value)}
-    state = value.__getstate__() if hasattr(value, "__getstate__") else getattr(value, "__dict__", None)
-    return {f".{key}": item for key, item in state.items()} if isinstance(state, dict) else {}
-
-

@@ -17,7 +17,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from strategies.environment import ClusterEnvironment
+from strategies.environment import GROUP_GENERATION_VARIABLE, ClusterEnvironment, rendezvous_prefix
 from strategies.hang_guard import LEDGER
 from strategies.rank_zero import rank_prefixed_message
 
@@ -141,7 +141,8 @@ def _attempt_store(environment: ClusterEnvironment, timeout: timedelta) -> dist.
     # The agent's store is where elastic points the workers, whatever the environment object says.
     client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), environment.world_size,
                            is_master=False, timeout=timeout)
-    return dist.PrefixStore(f"ddp_trainer/attempt_{attempt}", client)
+    generation = int(os.environ.get(GROUP_GENERATION_VARIABLE, 0))  # our pool's workers: which of its groups
+    return dist.PrefixStore(rendezvous_prefix(attempt, generation), client)
 
 
 def _first_line(error: BaseException) -> str:
@@ -149,7 +150,7 @@ def _first_line(error: BaseException) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
-def abort_or_destroy() -> None:
+def abort_or_destroy(collect_garbage: bool = True) -> None:
     """Leave the default group after a stage failed (its peers were killed or left): NCCL's
     communicators are aborted first, since a destroy would wait for work dead peers never finish;
     gloo's connections just close."""
@@ -157,17 +158,21 @@ def abort_or_destroy() -> None:
         with contextlib.suppress(Exception):
             dist.distributed_c10d._abort_process_group()
     with contextlib.suppress(Exception):
-        destroy_process_group()
+        destroy_process_group(collect_garbage)
     _forget_rendezvous_address()
 
 
-def destroy_process_group() -> None:
-    """Destroy the default group if there is one; safe to call any number of times."""
+def destroy_process_group(collect_garbage: bool = True) -> None:
+    """Destroy the default group if there is one; safe to call any number of times.
+
+    Finished work handles and futures can keep the backend alive; freed at interpreter exit, they
+    would need the GIL from a C++ thread while Python is being torn down (SIGABRT): so garbage is
+    collected here, unless the caller lives on and collects once before it exits (a full collection
+    in a process that imported torch takes most of a second)."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-        # Finished work handles and futures can keep the backend alive; freed at interpreter exit,
-        # they would need the GIL from a C++ thread while Python is being torn down (SIGABRT).
-        gc.collect()
+        if collect_garbage:
+            gc.collect()
     _forget_rendezvous_address()
 
 

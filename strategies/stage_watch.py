@@ -97,8 +97,12 @@ class StageWatch:
         while waiting and not self.closing:
             for ready in wait([*waiting.values(), *sentinels]):
                 if ready in sentinels:
-                    if sentinels[ready] in waiting:  # a worker ended in the middle of the stage
-                        raise _WorkerDied(sentinels[ready])
+                    rank = sentinels[ready]
+                    # A rank that ended in the middle of the stage; a forked rank ends right after its
+                    # answer, which may be read after its exit is seen.
+                    if rank in waiting and not _answered(waiting[rank]):
+                        raise _WorkerDied(rank)
+                    del sentinels[ready]  # an ended process stays ready: never wait on it again
                     continue
                 rank = next(r for r, connection in waiting.items() if connection is ready)
                 try:
@@ -114,6 +118,13 @@ class StageWatch:
         if not failed:  # it left with code 0 (sys.exit() in a step)
             failed = {rank: 0}
         return first_failure(failed, self._failures_dir)
+
+
+def _answered(connection: Connection) -> bool:
+    try:
+        return connection.poll()
+    except (EOFError, OSError):
+        return False
 
 
 def _wake_up(signum: int, frame: Any) -> None:

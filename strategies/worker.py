@@ -1,11 +1,14 @@
-"""What runs inside one local worker process: take stages from the launching process, one
-after the other, until told to stop or until the launching process is gone.
+"""What runs inside one local rank 1..N-1: a pool's worker takes stages from the launching process,
+one after the other, until told to stop or until the launching process is gone; a rank forked for
+one stage runs it on the objects it inherited and ends.
 
-A worker is started once per `WorkerPool` (strategies/worker_pool.py) and keeps its process
-group between stages, so `trainer.test()` after `trainer.fit()` starts no process and joins no
-group. Each stage arrives as an `Order` over the worker's pipe; the work itself (often a whole
-model and its data) is in a file the order names. A failure is stamped into the failures folder
-(the launching process reads the stamps to name the root cause) and ends the process.
+A pool's worker is started once per `WorkerPool` (strategies/worker_pool.py), which every Trainer of
+the process with the same world size and device kind shares; it keeps its process group between
+stages (made again when the order says the group changed: another backend or timeout), so
+`trainer.test()` after `trainer.fit()`, or a second Trainer, starts no process. Each stage arrives as
+an `Order` over the worker's pipe; the work itself (often a whole model and its data) is in a file
+the order names. A failure is stamped into the failures folder (the launching process reads the
+stamps to name the root cause) and ends the process.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import cloudpickle
 import torch
 
 from strategies import process_group
-from strategies.environment import LOCAL_LAUNCH_MARKER
+from strategies.environment import GROUP_GENERATION_VARIABLE, LOCAL_LAUNCH_MARKER
 from strategies.hang_guard import FAILURES_DIR_VARIABLE, write_failure_stamp
 from strategies.notice_signals import forget_held_notices, hold_notices
 from strategies.preemption import Preempted
@@ -69,27 +72,44 @@ class Order:
     cwd: str
     restart_count: int = 0
     notice_signals: tuple[str, ...] = ()  # the strategy's preemption signals, held from the stage's start
+    group_generation: int = 0  # which process group of the pool the stage runs in (a new one: made again)
 
 
 STOP = "stop"  # the message that ends a worker's loop
 
 
 def worker_main(spec: WorkerSpec, connection: Connection) -> None:
-    """Entry point of every local worker (module level, so a spawned process imports it by name)."""
-    # A terminal's Ctrl-C goes to its foreground process group: rank 0 (the launching process) takes
-    # it, shuts down gracefully and stops the workers; a worker interrupted on its own would leave
-    # rank 0 waiting for it in a collective.
-    os.setpgrp()
-    obey_stop_signals()
-    stop_when_the_launcher_dies()
-    _export_rank_variables(spec)
-    # A DataLoader's workers inside this rank start as the user's would in the launching process
-    # (the platform's default unless the user chose), not as this process was started.
-    multiprocessing.set_start_method(spec.user_start_method, force=True)
-    # A rank killed by a C++ abort (gloo on mismatched collectives) leaves its Python stack here.
-    faulthandler.enable(file=open(Path(spec.failures_dir, f"{spec.local_rank}.fault"), "w"))  # noqa: SIM115
-    split_cpu_threads(spec.world_size)
+    """Entry point of every local worker of a pool (module level, so a spawned process imports it by name)."""
+    become_rank(spec)
     gc.freeze()  # torch, imported by now, is never garbage: Python's collections need not scan it
+    _serve(spec, connection)
+
+
+def forked_rank_main(spec: WorkerSpec, connection: Connection, order: Order,
+                     work: tuple[Strategy, Any, tuple[Any, ...], dict[str, Any]], collect_garbage: bool) -> None:
+    """Entry point of a rank forked from the launching process (strategies/forked_ranks.py): its first
+    stage is `work`, the caller's own objects inherited by the fork, so nothing was pickled. Then it
+    serves later stages as a pool's worker does (their work pickled), until told to stop; multiprocessing
+    ends a forked process with `os._exit`, so the caller's exit handlers never run here."""
+    # Never collect what was inherited (the fork happened with collection off): the launching process's
+    # garbage holds stores and groups whose destructors would wait here forever for its threads.
+    gc.freeze()
+    if collect_garbage:
+        gc.enable()
+    become_rank(spec)
+    _draw_from_fresh_entropy()
+    try:
+        _prepare_stage(order)
+        answer = run_work(*work)
+        del work
+        connection.send_bytes(answer)
+    except BaseException:
+        _stamp_and_exit(spec)
+    _serve(spec, connection)
+
+
+def _serve(spec: WorkerSpec, connection: Connection) -> None:
+    """Run the stages the launching process sends, until it says stop or goes away."""
     try:
         while (order := _next_order(connection)) is not None:
             large = os.path.getsize(order.payload_path) >= _LARGE_PAYLOAD_BYTES  # gone once answered
@@ -97,13 +117,48 @@ def worker_main(spec: WorkerSpec, connection: Connection) -> None:
             if large:
                 _free_the_stage()
     except BaseException:
-        # Stamp the failure with a precise time before the process exits: the peers' errors
-        # that this exit causes come later, so the earliest stamp is the root cause.
-        write_failure_stamp(Path(spec.failures_dir), traceback.format_exc())
-        sys.exit(1)  # quietly: the launching process reports the stamped traceback once
+        _stamp_and_exit(spec)
     finally:
         exiting()
-        process_group.destroy_process_group()
+        # Only a spawned worker's interpreter is torn down at exit (where leftovers of the group would
+        # abort it); a forked one ends with os._exit, and a full collection of a forked rank's inherited
+        # heap would keep the launching process waiting for most of a second.
+        process_group.destroy_process_group(collect_garbage=spec.start_method == "spawn")
+
+
+def become_rank(spec: WorkerSpec) -> None:
+    """What makes a new process one of our local ranks, however it started."""
+    # A terminal's Ctrl-C goes to its foreground process group: rank 0 (the launching process) takes
+    # it, shuts down gracefully and stops the workers; a worker interrupted on its own would leave
+    # rank 0 waiting for it in a collective.
+    os.setpgrp()
+    obey_stop_signals()
+    stop_when_the_launcher_dies()
+    _export_rank_variables(spec)
+    # A rank killed by a C++ abort (gloo on mismatched collectives) leaves its Python stack here.
+    faulthandler.enable(file=open(Path(spec.failures_dir, f"{spec.local_rank}.fault"), "w"))  # noqa: SIM115
+    split_cpu_threads(spec.world_size)
+    # A DataLoader's workers inside this rank start as the user's would in the launching process
+    # (the platform's default unless the user chose), not as this process was started: multiprocessing
+    # makes a child's default the method that started it (fork, forkserver or spawn).
+    multiprocessing.set_start_method(spec.user_start_method, force=True)
+
+
+def _draw_from_fresh_entropy() -> None:
+    """A forked rank's unseeded numpy draws are its own, as a started rank's are (and as Python's
+    `random` reseeds itself at a fork): otherwise it would repeat, draw for draw, the stream it
+    inherited from rank 0 (the same augmentation on every rank). A seeded script is unaffected: each
+    stage seeds every rank again from `PL_GLOBAL_SEED` (trainer/seed.py `reset_seed`)."""
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        numpy_random.seed()
+
+
+def _stamp_and_exit(spec: WorkerSpec) -> None:
+    """Stamp the failure with a precise time before the process exits: the peers' errors that this
+    exit causes come later, so the earliest stamp is the root cause."""
+    write_failure_stamp(Path(spec.failures_dir), traceback.format_exc())
+    sys.exit(1)  # quietly: the launching process reports the stamped traceback once
 
 
 def exiting() -> None:
@@ -136,12 +191,27 @@ def _next_order(connection: Connection) -> Order | None:
 
 
 def _run_order(order: Order) -> bytes:
-    """Run one stage and answer that it is done (rank 0, the launching process, has the result). A
-    stage that every rank left preempted, after its checkpoint, is done too."""
+    """Run one stage of a pool's worker and answer that it is done (rank 0, the launching process,
+    has the result)."""
+    _prepare_stage(order)
+    return run_work(*load_work(order.payload_path))
+
+
+def _prepare_stage(order: Order) -> None:
+    """The launching process's state for the stage, its preemption signals held from now on (a
+    forwarded notice never kills this worker), and its process group: a new one when the order says so
+    (another Trainer's backend or timeout, or rank 0 left)."""
     _apply_launcher_state(order)
-    hold_notices(order.notice_signals)  # from now on: a forwarded notice never kills this worker
+    hold_notices(order.notice_signals)
     forget_held_notices()
-    strategy, fn, args, kwargs = load_work(order.payload_path)
+    if order.group_generation != _Group.generation:
+        process_group.destroy_process_group()
+        _Group.generation = order.group_generation
+
+
+def run_work(strategy: Strategy, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
+    """Join the group, run the stage, leave it with the other ranks. A stage that every rank left
+    preempted, after its checkpoint, is done too."""
     strategy.setup_environment()
     try:
         fn(*args, **kwargs)
@@ -151,6 +221,12 @@ def _run_order(order: Order) -> bytes:
     return b"done"
 
 
+class _Group:
+    """Which of the pool's process groups this worker holds (the launching process numbers them)."""
+
+    generation = 0
+
+
 def _apply_launcher_state(order: Order) -> None:
     for key, value in order.env_changes.items():
         if value is None:
@@ -158,6 +234,7 @@ def _apply_launcher_state(order: Order) -> None:
         else:
             os.environ[key] = value
     os.environ["TORCHELASTIC_RESTART_COUNT"] = str(order.restart_count)
+    os.environ[GROUP_GENERATION_VARIABLE] = str(order.group_generation)
     if os.getcwd() != order.cwd:
         os.chdir(order.cwd)
 

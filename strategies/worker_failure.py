@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -66,18 +67,63 @@ def first_failure(exit_codes: dict[int, int], failures_dir: Path) -> WorkerFaile
         return WorkerFailedError(rank, f"worker failed: {last_line}{details}", traceback=text,
                                  exitcode=exit_codes.get(rank))
     rank, code = min(exit_codes.items()) if exit_codes else (0, 0)
-    return WorkerFailedError(rank, f"worker exited with code {code} in the middle of a stage without raising; its "
-                             f"stderr above shows why. A script that launches must guard its entry point with "
-                             f"`if __name__ == \"__main__\":` (spawn re-imports it).", exitcode=code)
+    return _exited_without_raising(rank, code, failures_dir)
+
+
+def _exited_without_raising(rank: int, code: int, failures_dir: Path) -> WorkerFailedError:
+    """A rank that ended with an exit code and no traceback: say where its stderr went, and give the
+    `__main__` advice only where it fits: the rank died while starting (before it wrote its fault
+    file), which is how a script without the guard ends when spawn or forkserver re-import it."""
+    while_starting = not Path(failures_dir, f"{rank}.fault").exists()
+    if while_starting and _caller_is_a_script():
+        return WorkerFailedError(rank, f"worker exited with code {code} while it started, before it could run the "
+                                 f"stage; its stderr says why. {stderr_whereabouts()} Starting a rank by spawn or "
+                                 f"forkserver re-imports the script that launches, so the script must guard its "
+                                 f"entry point with `if __name__ == \"__main__\":`.", exitcode=code)
+    when = "while it started" if while_starting else "in the middle of a stage"
+    return WorkerFailedError(rank, f"worker exited with code {code} {when} without raising (`os._exit()`, or a C "
+                             f"library ending the process); its stderr says why. {stderr_whereabouts()}",
+                             exitcode=code)
+
+
+def _caller_is_a_script() -> bool:
+    """Whether `__main__` is a file that a spawned or forkserver-started rank re-imports (not a
+    notebook, an interactive session or `python -c`)."""
+    main = sys.modules.get("__main__")
+    return getattr(main, "__file__", None) is not None and not in_jupyter_kernel()
+
+
+def in_jupyter_kernel() -> bool:
+    """Whether this process is a Jupyter kernel (ipykernel), asked without importing IPython."""
+    if "ipykernel" not in sys.modules or "IPython" not in sys.modules:
+        return False
+    shell = getattr(sys.modules["IPython"], "get_ipython", lambda: None)()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+def stderr_whereabouts() -> str:
+    """Where a worker's stderr went, as a sentence. Workers write to this process's file descriptor 2.
+    A Jupyter kernel forwards that descriptor to the running cell where it can (ipykernel >= 6 on Linux
+    and macOS, `capture_fd_output`); otherwise it goes to the kernel's own console, never to the cell. A
+    rank forked from the kernel inherits the kernel's `sys.stderr` object, which sends through a pipe of
+    its own and loses what was not yet sent when the process ends with `os._exit`."""
+    if not in_jupyter_kernel():
+        return "Its stderr is this process's (above)."
+    if getattr(sys.stderr, "_should_watch", False):  # ipykernel's OutStream: the descriptor is forwarded
+        return ("The Jupyter kernel forwarded its stderr to this cell's output (above) and to the kernel's console "
+                "(what a rank forked from the kernel printed through `sys.stderr` just before it ended at once is lost: "
+                "that goes through the kernel's own stream, which such an end never flushes).")
+    return ("Its stderr went to the Jupyter kernel's console (the terminal or log of the process running the "
+            "kernel), not to this cell.")
 
 
 def _killed_by_signal(rank: int, code: int, failures_dir: Path) -> WorkerFailedError:
     """A rank that died without raising: say how, and where its Python code was when it did."""
     if code == -signal.SIGABRT:
-        cause = ("the C++ runtime aborted it; gloo does this when ranks issue different collectives (its message "
-                 "above says 'collective mismatch': e.g. self.log(..., sync_dist=True) on one rank only). Rerun "
+        cause = (f"the C++ runtime aborted it; gloo does this when ranks issue different collectives (its stderr "
+                 f"says 'collective mismatch': e.g. self.log(..., sync_dist=True) on one rank only). Rerun "
                  "with DDPStrategy(debug_collectives=True) (strategy.debug_collectives=true) to name the first "
-                 "collective that differs and its call site on every rank.")
+                 f"collective that differs and its call site on every rank. {stderr_whereabouts()}")
     else:
         cause = "a kill by the OOM killer or an outside `kill` looks like this."
     fault = Path(failures_dir, f"{rank}.fault")

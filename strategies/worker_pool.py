@@ -1,8 +1,10 @@
 """The launching process's side of the local workers: start them once, hand them each stage,
 watch them while it runs, and stop them all (or name the rank that failed).
 
-One pool serves every stage of a strategy (fit, then validate/test/predict), so the workers,
-their process group and their imports are paid for once per script, as with Lightning's `ddp`.
+One pool serves every stage of every strategy of the process with its world size and device kind
+(fit, then validate/test/predict, then the next Trainer's), so the workers, their process group and
+their imports are paid for once per script, as with Lightning's `ddp` (strategies/launcher.py keeps
+it). Ranks forked from the caller for one stage (strategies/forked_ranks.py) are watched the same way.
 Any failure ends the whole pool within seconds; the next stage starts a fresh one. Nothing is
 left behind: the workers end when told, when the launching process exits (atexit), or, if it
 is killed, by themselves (strategies/worker.py watches for that).
@@ -18,6 +20,7 @@ import contextlib
 import multiprocessing
 import os
 import pickle
+import signal
 import tempfile
 import time
 from collections.abc import Callable
@@ -78,33 +81,47 @@ class WorkerPool:
         ours, theirs = context.Pipe()
         spec = WorkerSpec(local_rank, self.nprocs, self.store.port, str(self.failures_dir), self.start_method,
                           self._user_start_method)
-        process = context.Process(target=worker_main, args=(spec, theirs), name=f"ddp-trainer-rank-{local_rank}")
+        target, args = self._entry(spec, theirs)
+        process = context.Process(target=target, args=args, name=f"ddp-trainer-rank-{local_rank}")
         process.start()
         theirs.close()
         self._connections.append(ours)
         self._processes.append(process)
+
+    def _entry(self, spec: WorkerSpec, connection: Connection) -> tuple[Callable[..., None], tuple[Any, ...]]:
+        """What a new rank process runs: a pool's worker loop."""
+        return worker_main, (spec, connection)
 
     @property
     def alive(self) -> bool:
         return bool(self._processes) and all(process.is_alive() for process in self._processes)
 
     def run(self, payload_path: str, run_here: Callable[[], T], restart_count: int = 0,
-            notice_signals: tuple[str, ...] = ()) -> T:
+            notice_signals: tuple[str, ...] = (), group_generation: int = 0) -> T:
         """Run one stage: the workers load it from `payload_path`, this process runs `run_here()` as
         global rank 0; return its result once every worker has finished too. `notice_signals` are
-        the preemption signals the workers hold from the stage's start (strategies/preemption.py).
+        the preemption signals the workers hold from the stage's start (strategies/preemption.py);
+        `group_generation` numbers the process group the stage runs in (a new number: a new group).
 
         A worker that raises or dies closes the pool and raises `WorkerFailedError` here, also when
         this process was busy or blocked in a collective: the other workers are killed (so a
         collective waiting for them fails) and `run_here` is interrupted (`StageInterrupted`). When
         `run_here` raises on its own, the workers are stopped and its exception goes on as it is.
         """
-        order = Order(payload_path, self._env_changes(), os.getcwd(), restart_count, notice_signals)
+        order = Order(payload_path, self._env_changes(), os.getcwd(), restart_count, notice_signals, group_generation)
         message = pickle.dumps(order, protocol=pickle.HIGHEST_PROTOCOL)
-        self._stage = watch = StageWatch(self._connections, self._processes, self.failures_dir, self.kill_workers)
-        try:
+
+        def send() -> None:
             for connection in self._connections:
                 connection.send_bytes(message)
+
+        return self._run_stage(send, run_here)
+
+    def _run_stage(self, send: Callable[[], None], run_here: Callable[[], T]) -> T:
+        """`send` the stage to ranks 1.., run rank 0's part here while a `StageWatch` looks after them."""
+        self._stage = watch = StageWatch(self._connections, self._processes, self.failures_dir, self.kill_workers)
+        try:
+            send()
             watch.start()
             try:
                 result = run_here()
@@ -176,8 +193,7 @@ class WorkerPool:
                     connection.send_bytes(pickle.dumps(STOP))
             _wait_for_exit(self._processes, _STOP_WAIT_S)
         for process in self._processes:
-            if process.is_alive():
-                process.kill()
+            _kill(process)
             process.join()
         for connection in self._connections:
             connection.close()
@@ -187,9 +203,24 @@ class WorkerPool:
         """SIGKILL every worker at once (from any thread): a collective of this rank waiting for
         them fails instead of waiting for the group's timeout."""
         for process in list(self._processes):
-            with contextlib.suppress(Exception):
-                if process.is_alive():
-                    process.kill()
+            _kill(process)
+
+
+def _kill(process: Any) -> None:
+    """SIGKILL a rank's process. A forkserver's child reads as ended (exit code 255) once the server is
+    gone, though it may still run: it is killed by its pid all the same, unless it was reaped."""
+    reaped = process.exitcode is not None and (process.exitcode != 255 or not _still_ours(process.pid))
+    if not reaped and process.pid is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(process.pid, signal.SIGKILL)
+
+
+def _still_ours(pid: int) -> bool:
+    """Whether `pid` still runs a multiprocessing child (not a process that reused the number)."""
+    try:
+        return b"multiprocessing" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def _wait_for_exit(processes: list[Any], timeout_s: float) -> None:

@@ -1,6 +1,7 @@
-"""How the local workers' processes start: from a forkserver of the pool's own that imported torch
-once, or spawned (each imports torch itself). Never plain fork: a child forked from a process
-whose OpenMP pool has run hangs in its first multi-threaded op.
+"""How a pool's worker processes start: from a forkserver of the pool's own that imported torch
+once, or spawned (each imports torch itself). Never plain fork for a pool: a child forked from a
+process whose OpenMP pool has run hangs in its first multi-threaded op (ranks forked for one stage
+run one thread each: strategies/forked_ranks.py).
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ def worker_start_method(requested: str, nprocs: int) -> Iterator[str]:
     workers are spawned. Forked workers share the server's string-hash seed, where spawned ones
     draw one each.
     """
+    if requested == "fork":  # ranks forked from the caller for one stage (strategies/forked_ranks.py decided)
+        yield "fork"
+        return
     server = _startable_forkserver() if requested == "forkserver" and _forking_is_safe(nprocs) else None
     if server is None:
         yield "spawn"

@@ -13,13 +13,14 @@ from strategies.environment.cluster_environment import ClusterEnvironment, Launc
 from strategies.environment.detection import (detect_environment, processes_launched_externally,
                                               processes_outlive_stages)
 from strategies.environment.launch_check import check_launch_matches
-from strategies.environment.local import (LOCAL_LAUNCH_MARKER, LaunchingProcessEnvironment, LocalEnvironment,
-                                          use_launching_process_rank)
+from strategies.environment.local import (GROUP_GENERATION_VARIABLE, LOCAL_LAUNCH_MARKER, LaunchingProcessEnvironment,
+                                          LocalEnvironment, rendezvous_prefix, use_launching_process_rank)
 from strategies.environment.slurm import (SLURM_INTERACTIVE_JOB_NAMES, SLURMEnvironment, expand_tasks_per_node,
                                           first_host)
 from strategies.environment.torchelastic import TorchElasticEnvironment
 
-__all__ = ["LOCAL_LAUNCH_MARKER", "SLURM_INTERACTIVE_JOB_NAMES", "ClusterEnvironment", "LaunchShape",
+__all__ = ["GROUP_GENERATION_VARIABLE", "LOCAL_LAUNCH_MARKER", "SLURM_INTERACTIVE_JOB_NAMES", "ClusterEnvironment", "LaunchShape",
            "LaunchingProcessEnvironment", "LocalEnvironment", "SLURMEnvironment", "TorchElasticEnvironment",
            "check_launch_matches", "detect_environment", "expand_tasks_per_node", "first_host",
-           "processes_launched_externally", "processes_outlive_stages", "use_launching_process_rank"]
+           "processes_launched_externally", "processes_outlive_stages", "rendezvous_prefix",
+           "use_launching_process_rank"]

@@ -14,6 +14,14 @@ from strategies.environment.cluster_environment import ClusterEnvironment, env_i
 # Set by our launcher inside each worker it starts, so the worker knows the torch-elastic
 # variables it sees came from us and not from an outside torchrun.
 LOCAL_LAUNCH_MARKER = "DDP_TRAINER_LOCAL_WORKER"
+# Which process group of a shared pool a stage's ranks join (one pool serves many Trainers; a new
+# backend or timeout makes a new group on the same store, under its own keys).
+GROUP_GENERATION_VARIABLE = "DDP_TRAINER_GROUP_GENERATION"
+
+
+def rendezvous_prefix(restart_count: int, generation: int = 0) -> str:
+    """The keys one group's ranks meet under in a store that outlives groups (a restart, a new group)."""
+    return f"ddp_trainer/attempt_{restart_count}" + (f"/group_{generation}" if generation else "")
 
 
 class LocalEnvironment(ClusterEnvironment):
@@ -66,12 +74,14 @@ class LaunchingProcessEnvironment(ClusterEnvironment):
     `ddp`): the user's objects there are the ones that run. Ranks 1..N-1 are the worker pool's
     processes. The launcher installs it while a stage runs here (`use_launching_process_rank`; the
     strategy keeps it afterwards), so nothing is written into the user's `os.environ`; the rendezvous
-    store is the pool's own."""
+    store is the pool's own, held only while the stage runs (`end_stage`)."""
 
     creates_processes_externally = False
 
-    def __init__(self, world_size: int, store: dist.Store, restart_count: int = 0) -> None:
-        self._world_size, self._store, self._restart_count = world_size, store, restart_count
+    def __init__(self, world_size: int, store: dist.Store, restart_count: int = 0, generation: int = 0) -> None:
+        self._world_size, self._restart_count = world_size, restart_count
+        self._store: dist.Store | None = store
+        self._generation, self._port = generation, int(store.port)  # type: ignore[attr-defined]
 
     @classmethod
     def detect(cls) -> bool:
@@ -95,7 +105,7 @@ class LaunchingProcessEnvironment(ClusterEnvironment):
 
     @property
     def main_port(self) -> int:
-        return int(self._store.port)  # type: ignore[attr-defined]
+        return self._port
 
     @property
     def restart_count(self) -> int:
@@ -103,8 +113,17 @@ class LaunchingProcessEnvironment(ClusterEnvironment):
 
     @override
     def rendezvous_store(self) -> dist.Store:
+        if self._store is None:
+            raise RuntimeError("this process's stage as rank 0 of its workers has ended: its rendezvous store is "
+                               "gone (a new stage installs a new environment)")
         # The workers join under the same prefix (process_group._attempt_store): one per attempt.
-        return dist.PrefixStore(f"ddp_trainer/attempt_{self._restart_count}", self._store)
+        return dist.PrefixStore(rendezvous_prefix(self._restart_count, self._generation), self._store)
+
+    def end_stage(self) -> None:
+        """Let go of the pool's store: the strategy keeps this environment for the ranks it reports, and a
+        rank forked for a later stage must not hold the last reference to a store whose server thread
+        only this process has (freeing it there would wait forever for that thread)."""
+        self._store = None
 
 
 class _LaunchingProcess:

@@ -15,14 +15,22 @@ from tests.helpers import ddp_workers
 from tests.helpers.processes import alive
 
 REPO = Path(__file__).parents[2]
-
-
+# How ranks 1.. start: forked from this process where each rank runs one CPU thread (as Lightning's
+# ddp_notebook forks), from the pool's forkserver where a rank runs more (a fork after OpenMP ran
+# would hang), or spawned when asked: (start_method, OMP_NUM_THREADS).
+STARTS = {"fork": ("forkserver", "1"), "forkserver": ("forkserver", "2"), "spawn": ("spawn", "1")}
 
 
 def _strategy(**kwargs: Any) -> DDPStrategy:
     strategy = DDPStrategy(**kwargs)
     strategy.configure(accelerator="cpu", devices=2)
     return strategy
+
+
+def _ranks_started_by(how: str, monkeypatch: pytest.MonkeyPatch) -> DDPStrategy:
+    start_method, threads = STARTS[how]
+    monkeypatch.setenv("OMP_NUM_THREADS", threads)
+    return _strategy(start_method=start_method)
 
 
 @pytest.fixture(scope="module")
@@ -103,12 +111,12 @@ def test_workers_that_return_at_once_still_finish_cleanly() -> None:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+@pytest.mark.parametrize("how", list(STARTS))
 def test_workers_live_across_launches_see_the_launchers_environment_and_leave_no_server_behind(
-        start_method: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+        how: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from multiprocessing import forkserver
 
-    strategy = _strategy(start_method=start_method)
+    strategy = _ranks_started_by(how, monkeypatch)
     seen = []
     for value in ("first", "second"):  # set between launches: the kept workers must see the change
         monkeypatch.setenv("DDP_TRAINER_TEST_VARIABLE", value)
@@ -117,8 +125,8 @@ def test_workers_live_across_launches_see_the_launchers_environment_and_leave_no
         assert [rank["variable"] for rank in ranks] == [value, value]
         assert {rank["cwd"] for rank in ranks} == {os.getcwd()}
         assert ranks[0]["pid"] == os.getpid()  # rank 0 is this process
-        # forkserver: rank 1 forked from the launch's server, not from this process; spawn: from this one
-        assert (ranks[1]["ppid"] == os.getpid()) == (start_method == "spawn")
+        # forked or spawned: rank 1 is this process's child; forkserver: the launch's server's
+        assert (ranks[1]["ppid"] == os.getpid()) == (how != "forkserver")
         seen.append(ranks[1]["pid"])
     assert seen[0] == seen[1]  # the second launch ran in the same worker
     strategy.stop_workers()
@@ -127,11 +135,12 @@ def test_workers_live_across_launches_see_the_launchers_environment_and_leave_no
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
-def test_workers_stop_on_elastics_signals_even_when_the_launcher_ignores_them(start_method: str) -> None:
+@pytest.mark.parametrize("how", list(STARTS))
+def test_workers_stop_on_elastics_signals_even_when_the_launcher_ignores_them(
+        how: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # Elastic stops the workers with the signal it received; a worker that inherited an ignored
     # SIGINT (the launcher ran as a background job) would sit out the grace period until SIGKILL.
-    strategy = _strategy(start_method=start_method)
+    strategy = _ranks_started_by(how, monkeypatch)
     previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGQUIT)}
     try:
         ranks = strategy.launch(ddp_workers.stop_signal_handlers, strategy)
@@ -142,27 +151,35 @@ def test_workers_stop_on_elastics_signals_even_when_the_launcher_ignores_them(st
     expected = {"SIGINT": "KeyboardInterrupt", "SIGTERM": "preemption notice", "SIGHUP": "default", "SIGQUIT": "default"}
     worker = ranks[1]  # rank 0 is this process, whose handlers are its own
     assert {k: v for k, v in worker.items() if k != "ppid"} == expected
-    assert (worker["ppid"] == os.getpid()) == (start_method == "spawn")
+    assert (worker["ppid"] == os.getpid()) == (how != "forkserver")
 
 
 @pytest.mark.timeout(120)
-def test_forked_workers_do_not_share_numpys_random_stream() -> None:
-    # Spawned workers seed numpy from fresh entropy each. Forked ones would all inherit the server's
-    # generator if its preload imported `numpy.random`; it must not.
-    strategy = _strategy(start_method="forkserver")
+@pytest.mark.parametrize("how", ["fork", "forkserver"])
+def test_forked_workers_do_not_share_numpys_random_stream(how: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Spawned workers seed numpy from fresh entropy each. Forked ones would all inherit a generator:
+    # the server's if its preload imported `numpy.random` (it must not), this process's when rank 1
+    # is forked from it (it draws afresh, as Python's `random` does after a fork).
+    import numpy
+
+    numpy.random.rand()  # this process's global generator exists before any rank starts
+    strategy = _ranks_started_by(how, monkeypatch)
     ranks = strategy.launch(ddp_workers.unseeded_numpy_draw, strategy)
-    assert ranks[1]["ppid"] != os.getpid()  # forked, not spawned (rank 0 is this process)
+    assert (ranks[1]["ppid"] == os.getpid()) == (how == "fork")  # forked here, or by the server
     assert len({rank["draw"] for rank in ranks}) == 2
 
 
 @pytest.mark.timeout(120)
-def test_dataloader_workers_inside_ranks_start_as_the_platform_starts_them() -> None:
+@pytest.mark.parametrize("how", ["fork", "forkserver"])
+def test_dataloader_workers_inside_ranks_start_as_the_platform_starts_them(
+        how: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A rank's DataLoader workers start with the platform's default (fork on Linux), as Lightning's
-    ranks do, not through the forkserver or spawn that started the rank (which re-imports the script
-    and re-pickles the dataset for every worker, every epoch); a method the user chose is kept."""
+    ranks do, not through the fork, forkserver or spawn that started the rank (a forkserver or spawn
+    re-imports the script and re-pickles the dataset for every worker, every epoch); a method the user
+    chose is kept."""
     import multiprocessing
 
-    strategy = _strategy(start_method="forkserver")
+    strategy = _ranks_started_by(how, monkeypatch)
     platform = multiprocessing.get_context().get_start_method()
     ranks = strategy.launch(ddp_workers.loader_worker_start, strategy)  # rank 0 is this process
     assert [rank["default"] for rank in ranks] == [platform, platform]
@@ -171,12 +188,33 @@ def test_dataloader_workers_inside_ranks_start_as_the_platform_starts_them() -> 
     chosen = "forkserver" if platform != "forkserver" else "spawn"
     previous = multiprocessing.get_start_method(allow_none=True)
     multiprocessing.set_start_method(chosen, force=True)
+    server_before = _forkserver_pid()
     try:
         ranks = strategy.launch(ddp_workers.loader_worker_start, strategy)
     finally:
         multiprocessing.set_start_method(previous, force=True)
+        strategy.stop_workers()  # a pool's server, which rank 0's loader used too, stops with the pool
+        _stop_a_forkserver_started_since(server_before)
     assert [rank["default"] for rank in ranks] == [chosen, chosen]
     assert ranks[1]["forked_from_rank"] == (chosen == "spawn")  # a forkserver's child is the server's
+
+
+def _forkserver_pid() -> int | None:
+    from multiprocessing import forkserver
+
+    return forkserver._forkserver._forkserver_pid  # type: ignore[no-any-return]
+
+
+def _stop_a_forkserver_started_since(pid_before: int | None) -> None:
+    """Rank 0 is this process: its own DataLoader, told to use a forkserver, starts the stdlib's server
+    here where no pool's server ran (ranks forked from this process), and a script keeps it until it
+    exits. The test stops it, so that the next test finds no child of this process."""
+    from multiprocessing import forkserver
+
+    pid = _forkserver_pid()
+    if pid is not None and pid != pid_before:
+        os.kill(pid, signal.SIGKILL)
+        forkserver._forkserver._stop()
 
 
 @pytest.mark.timeout(90)

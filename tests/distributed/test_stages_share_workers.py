@@ -1,14 +1,17 @@
-"""One launch per Trainer: fit, validate, test and predict run in this process (global rank 0, as
-in Lightning's `ddp`) and the same worker (rank 1), for modules, callbacks and data defined inside
-a function or in a script's `__main__`; a failed stage leaves the Trainer usable; workers waiting
-between stages end with their launcher."""
+"""Fit, validate, test and predict run in this process (global rank 0, as in Lightning's `ddp`) and
+in rank 1, for modules, callbacks and data defined inside a function or in a script's `__main__`:
+rank 1 forked from this process for the first stage where forking is safe (one CPU thread per
+rank: OMP_NUM_THREADS=1 here) and kept for the next, else a pool worker from a forkserver; a failed stage leaves the Trainer usable; workers
+waiting between stages end with their launcher."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import socket
 import textwrap
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,15 @@ from trainer.callbacks import Callback, ModelCheckpoint
 
 REPO = Path(__file__).parents[2]
 PROMPT_S = 10
+# How ranks 1.. live, chosen by each rank's CPU share: one thread lets them be forked per stage,
+# more keeps them in the process's worker pool (a fork after OpenMP ran would hang).
+THREADS = {"fork": "1", "pool": "2"}
+
+
+@pytest.fixture(params=["fork", "pool"])
+def ranks(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("OMP_NUM_THREADS", THREADS[request.param])
+    return str(request.param)
 
 
 
@@ -74,6 +86,10 @@ def _loader() -> DataLoader:
     return DataLoader(_data(), batch_size=4)
 
 
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 def _pids(pid_dir: Path, stage: str) -> list[int]:
     return [int(Path(pid_dir, f"{stage}-{rank}.pid").read_text()) for rank in range(2)]
 
@@ -86,7 +102,7 @@ def _trainer(tmp_path: Path, callback: Callback, **kwargs: Any) -> Trainer:
 
 
 @pytest.mark.timeout(180)
-def test_every_stage_runs_in_the_same_workers_with_a_model_defined_in_a_function(tmp_path: Path) -> None:
+def test_every_stage_runs_with_a_model_defined_in_a_function(tmp_path: Path, ranks: str) -> None:
     model, recorder = _build(tmp_path)
     trainer = _trainer(tmp_path, recorder)
     trainer.fit(model, _loader(), _loader())
@@ -97,6 +113,8 @@ def test_every_stage_runs_in_the_same_workers_with_a_model_defined_in_a_function
     assert fit_pids[0] == os.getpid() and fit_pids[1] != os.getpid()  # rank 0 is this process
     for stage in ("validate", "test", "predict"):
         assert _pids(tmp_path, stage) == fit_pids  # no stage started a process
+    # Forked from this process for the fit (then kept), or a pool's worker forked from its forkserver.
+    assert (_parent(fit_pids[1]) == os.getpid()) == (ranks == "fork")
     # This process's model is the one rank 0 trained; one process on the whole set agrees.
     x, y = _data().tensors
     with torch.no_grad():
@@ -111,7 +129,7 @@ def test_every_stage_runs_in_the_same_workers_with_a_model_defined_in_a_function
 
 
 @pytest.mark.timeout(180)
-def test_test_after_fit_uses_the_best_checkpoint_in_the_same_workers(tmp_path: Path) -> None:
+def test_test_after_fit_uses_the_best_checkpoint(tmp_path: Path, ranks: str) -> None:
     model, recorder = _build(tmp_path)
     trainer = _trainer(tmp_path, recorder)
     trainer.fit(model, _loader(), _loader())
@@ -127,7 +145,7 @@ def test_test_after_fit_uses_the_best_checkpoint_in_the_same_workers(tmp_path: P
 
 
 @pytest.mark.timeout(180)
-def test_a_failed_stage_leaves_the_trainer_usable(tmp_path: Path) -> None:
+def test_a_failed_stage_leaves_the_trainer_usable(tmp_path: Path, ranks: str) -> None:
     model, recorder = _build(tmp_path, fail_on_rank=1)
     trainer = _trainer(tmp_path, recorder)
     with pytest.raises(WorkerFailedError, match=r"^\[rank: 1\] worker failed: ValueError: planted failure on rank 1"):
@@ -140,7 +158,7 @@ def test_a_failed_stage_leaves_the_trainer_usable(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(180)
-def test_rank_zeros_own_error_stops_the_workers_and_keeps_its_type(tmp_path: Path) -> None:
+def test_rank_zeros_own_error_stops_the_workers_and_keeps_its_type(tmp_path: Path, ranks: str) -> None:
     """An exception of rank 0 is the caller's own: it goes on as it is (as on one process, or under
     Lightning's ddp), the workers it left waiting in a collective are stopped, and the next stage runs."""
     model, recorder = _build(tmp_path, fail_on_rank=0)
@@ -188,8 +206,8 @@ NOTEBOOK = textwrap.dedent("""
 """)
 
 
-def _run_notebook(tmp_path: Path, strategy: str, sleep_s: float) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+def _run_notebook(tmp_path: Path, strategy: str, sleep_s: float, ranks: str = "fork") -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": THREADS[ranks]}
     script = tmp_path / "notebook.py"
     script.write_text(NOTEBOOK)
     with script.open() as stdin:
@@ -210,7 +228,7 @@ def test_classes_of_a_main_without_a_file_train_on_two_processes(tmp_path: Path,
 
 @pytest.mark.timeout(180)
 def test_workers_waiting_between_stages_end_when_their_launcher_is_killed(tmp_path: Path) -> None:
-    process = _run_notebook(tmp_path, "ddp", 120)
+    process = _run_notebook(tmp_path, "ddp", 120, ranks="pool")
     try:
         assert process.stdout is not None
         assert any("READY" in line for line in iter(process.stdout.readline, "")), "the stages never finished"
@@ -223,19 +241,37 @@ def test_workers_waiting_between_stages_end_when_their_launcher_is_killed(tmp_pa
         process.kill()
 
 
+class HoldsALock(Callback):
+    def __init__(self) -> None:
+        self.guard = threading.Lock()
+
+
 @pytest.mark.timeout(60)
-def test_an_object_that_cannot_reach_the_workers_is_named(tmp_path: Path) -> None:
-    """A callback holding a lock cannot be sent to rank 1: the error names the path to it and says
-    what to change, before any worker starts (nothing to hang on)."""
-    import threading
-
-    class HoldsALock(Callback):
-        def __init__(self) -> None:
-            self.guard = threading.Lock()
-
+def test_every_object_that_cannot_reach_the_pool_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where ranks are not forked, a callback holding a lock and a module holding a socket cannot be
+    sent to rank 1: the error names both paths and says what to change, before any worker starts."""
+    monkeypatch.setenv("OMP_NUM_THREADS", THREADS["pool"])
     model, _ = _build(tmp_path)
-    trainer = _trainer(tmp_path, HoldsALock())
-    with pytest.raises(TypeError, match=r"trainer -> \.callback_list -> \.callbacks -> \[0\] -> \.guard \(lock\)"
-                                        r".*inside a hook"):
-        trainer.fit(model, _loader(), _loader())
+    with socket.socket() as sock:
+        model.sock = sock
+        trainer = _trainer(tmp_path, HoldsALock())
+        with pytest.raises(TypeError) as raised:
+            trainer.fit(model, _loader(), _loader())
+    message = str(raised.value)
+    assert "trainer.callback_list.callbacks[0].guard (lock)" in message and "model.sock (socket)" in message
+    assert "each rank gets 2 CPU threads" in message and "inside a hook" in message
     assert trainer.state.status == "interrupted"
+
+
+@pytest.mark.timeout(120)
+def test_objects_only_a_fork_carries_train_on_forked_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As under Lightning's ddp_notebook: a module holding a socket and a generator, a callback holding
+    a lock train, and rank 1 saw the same objects (its own copies, inherited by the fork)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", THREADS["fork"])
+    model, recorder = _build(tmp_path)
+    with socket.socket() as sock:
+        model.sock, model.draws = sock, (i for i in range(3))
+        trainer = _trainer(tmp_path, HoldsALock())
+        trainer.fit(model, _loader(), _loader())
+    assert trainer.state.status == "finished" and trainer.global_step == 9
+    assert next(model.draws) == 0  # rank 0's generator: nothing pickled or drew from it
