@@ -52,5 +52,14 @@ ZERO: dict[str, Contender] = {c.name: c for c in (
               {"zero_stage": "2"}),
 )}
 
+# What two of our Trainer's defaults cost (the non-finite check reads every gradient once a step;
+# telemetry times the buckets), run when asked for: against "ours" and "pl_ours" (#37: ours >= pl_ours).
+DEFAULTS_PRICED: dict[str, Contender] = {c.name: c for c in (
+    Contender("ours_nocheck", "our Trainer, on_nonfinite=\"ignore\"", "benchmarks.contenders.ours",
+              {"on_nonfinite": "ignore"}),
+    Contender("ours_bare", "our Trainer, on_nonfinite=\"ignore\", no TelemetryMonitor", "benchmarks.contenders.ours",
+              {"on_nonfinite": "ignore", "telemetry": "off"}),
+)}
+
 BASELINE = "torch_ddp"
-ALL_CONTENDERS: dict[str, Contender] = {**CONTENDERS, **COMPILED, **ZERO}
+ALL_CONTENDERS: dict[str, Contender] = {**CONTENDERS, **COMPILED, **ZERO, **DEFAULTS_PRICED}

@@ -1,5 +1,5 @@
 """Our Trainer with our DDPStrategy (`--comm-hook bf16`, `--bucket-cap-mb N|auto`, `--transport T`, `--zero-stage 1`
-for variants).
+for variants; `--on-nonfinite ignore` and `--telemetry off` price those two defaults).
 
 Logging, checkpointing, the progress bar and the model summary are off, as for the Lightning
 contenders; the TelemetryMonitor stays, since it is on by default.
@@ -42,15 +42,19 @@ def main(args: argparse.Namespace) -> None:
     zero: dict[str, Any] = {} if args.zero_stage is None else {"zero_stage": int(args.zero_stage)}  # so do they zero_stage
     strategy = DDPStrategy(comm_hook=args.comm_hook, bucket_cap_mb=_bucket_cap(args.bucket_cap_mb), **transport,
                            **zero)
+    defaults: dict[str, Any] = {} if args.on_nonfinite is None else {"on_nonfinite": args.on_nonfinite}
+    if args.telemetry == "off":
+        defaults["enable_telemetry"] = False
     trainer = Trainer(accelerator=args.accelerator, precision=args.precision, devices=args.devices,
-                      strategy=strategy, max_steps=probe.total_steps,
+                      strategy=strategy, max_steps=probe.total_steps, **defaults,
                       callbacks=[ProbeCallback(probe)], logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, default_root_dir=args.out)
-    _ensure_telemetry(trainer)
+    if args.telemetry != "off":
+        _ensure_telemetry(trainer)
     module = BenchModule(work)
     trainer.fit(torch.compile(module, backend=args.compile) if args.compile else module,
                 train_dataloaders=loader(work, probe.total_steps, args.devices))
 
 
 if __name__ == "__main__":
-    main(parse_args(comm_hook=str, bucket_cap_mb=str, transport=str, zero_stage=str))
+    main(parse_args(comm_hook=str, bucket_cap_mb=str, transport=str, zero_stage=str, on_nonfinite=str, telemetry=str))

@@ -61,9 +61,9 @@ def _nothing_left(kernel: Kernel, timeout_s: float = 15.0) -> list[str]:
 
 @pytest.mark.timeout(240)
 def test_two_trainers_fit_in_one_kernel(kernel: Kernel) -> None:
-    first_matches, second_matches, first_s, second_s = kernel.value(cells.TWO_TRAINERS)
+    first_off, second_off, first_s, second_s = kernel.value(cells.TWO_TRAINERS)
     print(f"fit of a new Trainer in a kernel: first {first_s} s, second {second_s} s")  # figures, not asserted
-    assert first_matches and second_matches
+    assert max(first_off, second_off) <= 1e-5, (first_off, second_off)
 
 
 def _fails_then_recovers(kernel: Kernel, source: str) -> str:
