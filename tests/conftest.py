@@ -52,6 +52,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def module_env() -> Iterator[None]:
+    """The environment as it was before the module, once its module-scoped fixtures are done: such a fixture
+    runs before `launch_env` takes its snapshot, so `seed_everything` in one (PL_GLOBAL_SEED) would otherwise
+    reach every later test, and every process they start (a Jupyter kernel then shuffled with that seed)."""
+    before = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(before)
+
+
 @pytest.fixture(autouse=True)
 def launch_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
     """No launcher variables at the start; the whole environment as it was at the end."""
