@@ -18,7 +18,11 @@ class Contender:
     distributed: bool = True
 
 
-CONTENDERS: dict[str, Contender] = {c.name: c for c in (
+def _by_name(*contenders: Contender) -> dict[str, Contender]:
+    return {contender.name: contender for contender in contenders}
+
+
+CONTENDERS: dict[str, Contender] = _by_name(
     Contender("single", "1 process, no DDP", "benchmarks.contenders.single", distributed=False),
     Contender("torch_ddp", "torch DDP, hand-written loop", "benchmarks.contenders.torch_ddp"),
     Contender("pl_ddp", "Lightning Trainer, strategy=\"ddp\"", "benchmarks.contenders.pl_ddp"),
@@ -29,10 +33,10 @@ CONTENDERS: dict[str, Contender] = {c.name: c for c in (
     # Ours with gloo carrying the buckets, as torch DDP does: what the shared-memory transport buys.
     Contender("ours_gloo", "our Trainer + DDPStrategy(transport=\"process_group\")", "benchmarks.contenders.ours",
               {"transport": "process_group"}),
-)}
+)
 # torch.compile'd contenders (inductor), run when asked for (--contenders ...): compiling costs
 # minutes on a 2-core CPU, so the default run leaves them out.
-COMPILED: dict[str, Contender] = {c.name: c for c in (
+COMPILED: dict[str, Contender] = _by_name(
     Contender("torch_ddp_compiled", "torch DDP + torch.compile", "benchmarks.contenders.torch_ddp",
               {"compile": "inductor"}),
     Contender("ours_compiled", "our Trainer + DDPStrategy, torch.compile'd module", "benchmarks.contenders.ours",
@@ -41,25 +45,25 @@ COMPILED: dict[str, Contender] = {c.name: c for c in (
               {"compile": "inductor"}),
     Contender("single_compiled", "1 process, torch.compile", "benchmarks.contenders.single",
               {"compile": "inductor"}, distributed=False),
-)}
+)
 
 # ZeRO-1 and -2 (optimizer state, then gradients, sharded over the ranks: strategies/zero.py), run when asked
 # for: against "ours".
-ZERO: dict[str, Contender] = {c.name: c for c in (
+ZERO: dict[str, Contender] = _by_name(
     Contender("ours_zero1", "our Trainer + DDPStrategy(zero_stage=1)", "benchmarks.contenders.ours",
               {"zero_stage": "1"}),
     Contender("ours_zero2", "our Trainer + DDPStrategy(zero_stage=2)", "benchmarks.contenders.ours",
               {"zero_stage": "2"}),
-)}
+)
 
 # What two of our Trainer's defaults cost (the non-finite check reads every gradient once a step;
 # telemetry times the buckets), run when asked for: against "ours" and "pl_ours" (#37: ours >= pl_ours).
-DEFAULTS_PRICED: dict[str, Contender] = {c.name: c for c in (
+DEFAULTS_PRICED: dict[str, Contender] = _by_name(
     Contender("ours_nocheck", "our Trainer, on_nonfinite=\"ignore\"", "benchmarks.contenders.ours",
               {"on_nonfinite": "ignore"}),
     Contender("ours_bare", "our Trainer, on_nonfinite=\"ignore\", no TelemetryMonitor", "benchmarks.contenders.ours",
               {"on_nonfinite": "ignore", "telemetry": "off"}),
-)}
+)
 
 BASELINE = "torch_ddp"
 ALL_CONTENDERS: dict[str, Contender] = {**CONTENDERS, **COMPILED, **ZERO, **DEFAULTS_PRICED}

@@ -42,6 +42,8 @@ def main(args: argparse.Namespace) -> None:
     zero: dict[str, Any] = {} if args.zero_stage is None else {"zero_stage": int(args.zero_stage)}  # so do they zero_stage
     strategy = DDPStrategy(comm_hook=args.comm_hook, bucket_cap_mb=_bucket_cap(args.bucket_cap_mb), **transport,
                            **zero)
+    if args.telemetry not in (None, "on", "off"):
+        raise SystemExit(f"--telemetry takes on or off, got {args.telemetry!r}")
     defaults: dict[str, Any] = {} if args.on_nonfinite is None else {"on_nonfinite": args.on_nonfinite}
     if args.telemetry == "off":
         defaults["enable_telemetry"] = False
