@@ -59,6 +59,8 @@ class JobSpec:
     resume: bool = False
     save_index: int = -1  # rank 0 is SIGKILLed during this save (savekill), after `after_bytes` bytes
     after_bytes: int = 0
+    zero_stage: int = 0  # DDPStrategy's options under test (the harness's --zero-stage, --async-checkpoint)
+    async_checkpoint: bool = False
 
     def path(self, name: str) -> Path:
         return Path(self.workdir, name)
@@ -175,7 +177,8 @@ def fit(spec: JobSpec) -> FaultyMLP:
     checkpoint_io = KilledDuringSave(spec) if spec.save_index > 0 else None
     checkpoint = ModelCheckpoint(dirpath=spec.path("ckpts"), every_n_train_steps=2, save_last=True)
     trainer = Trainer(accelerator="cpu", devices=2,
-                      strategy=DDPStrategy(max_restarts=spec.max_restarts, checkpoint_io=checkpoint_io),
+                      strategy=DDPStrategy(max_restarts=spec.max_restarts, checkpoint_io=checkpoint_io,
+                                           zero_stage=spec.zero_stage, async_checkpoint=spec.async_checkpoint),
                       max_epochs=EPOCHS, logger=False, enable_progress_bar=False, enable_model_summary=False,
                       default_root_dir=spec.workdir, callbacks=[checkpoint])
     trainer.fit(model, ckpt_path="last" if spec.resume else None)

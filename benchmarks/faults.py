@@ -4,6 +4,7 @@ times, and report.
     python -m benchmarks.faults --trials 8 [--seed 0] [--out benchmarks/results/faults.json]
     python -m benchmarks.faults --scenario preempt --trials 8 [--seed 0]
     python -m benchmarks.faults --scenario savekill --trials 8 [--seed 0]
+    python -m benchmarks.faults --scenario savekill --zero-stage 1 [--async-checkpoint]  # the same, other engines
 
 Each trial's job runs in a process of its own (benchmarks/fault_job.py), which is global rank 0 of a
 2-process fit with our Trainer and DDPStrategy, as a user's script is; rank 1 is its worker. A fault
@@ -228,11 +229,20 @@ class Trial:
     error: str = ""
 
 
+_ENGINE: dict[str, Any] = {}  # the run's DDPStrategy options (--zero-stage, --async-checkpoint), set by main
+
+
+def _job(workdir: str, *args: Any, **kwargs: Any) -> JobSpec:
+    """A job of this run: every job, the reference and the requeued ones too, trains with the same engine
+    options, so a fault trial is compared with an uninterrupted run of the same configuration."""
+    return JobSpec(workdir, *args, **kwargs, **_ENGINE)
+
+
 def run_trial(scenario: str, rank: int, step: int, mode: str, reference: dict[str, torch.Tensor]) -> Trial:
     trial = Trial(scenario, rank, step, mode)
     with TemporaryDirectory(prefix="faults-") as tmp:
         restarting = scenario == "restart"
-        spec = JobSpec(tmp, rank, step, mode, max_restarts=1 if restarting else 0)
+        spec = _job(tmp, rank, step, mode, max_restarts=1 if restarting else 0)
         job = run_job(spec)
         trial.exit_code, trial.hung, trial.leftover_processes = job.returncode, job.hung, job.leftover_processes
         trial.ended_after_s = None if restarting else job.ended_after_fault_s
@@ -248,7 +258,7 @@ def run_trial(scenario: str, rank: int, step: int, mode: str, reference: dict[st
         # restarts: a raise, or the skip's error), not a worker failure.
         rank0_ended = rank == 0 and job.returncode != 0 and job.exception != "WorkerFailedError"
         if rank0_ended and not job.hung:
-            requeued = run_job(JobSpec(tmp, rank, step, mode, max_restarts=1, resume=True))
+            requeued = run_job(_job(tmp, rank, step, mode, max_restarts=1, resume=True))
             trial.restarted_by, trial.error = "requeue", requeued.error
             trial.hung, trial.leftover_processes = requeued.hung, job.leftover_processes + requeued.leftover_processes
         trial.resumed_exactly = same_weights(spec, reference)
@@ -275,7 +285,7 @@ def run_notice_trial(target_code: int, step: int, reference: dict[str, torch.Ten
     target, number = notice_of(target_code)
     trial = NoticeTrial(target, number.name, step)
     with TemporaryDirectory(prefix="faults-") as tmp:
-        spec = JobSpec(tmp, target_code, step, "preempt")
+        spec = _job(tmp, target_code, step, "preempt")
         job = run_job(spec, notice=(step, number) if target == "outside" else None)
         if job.notice_sent_at_step is not None:
             trial.notice_step = job.notice_sent_at_step
@@ -288,7 +298,7 @@ def run_notice_trial(target_code: int, step: int, reference: dict[str, torch.Ten
             trial.error = trial.error or str(error)[:160]
         begun = [int(spec.path(f"step.rank{rank}").read_text()) + 1 for rank in range(2)]
         trial.lost_steps = max(begun) - trial.stopped_after if trial.stopped_after is not None else None
-        resumed = run_job(JobSpec(tmp))  # no notice: the same directory, resumed from the preemption checkpoint
+        resumed = run_job(_job(tmp))  # no notice: the same directory, resumed from the preemption checkpoint
         trial.error = trial.error or (f"resume: {resumed.error}" if resumed.returncode else "")
         trial.resumed_exactly = same_weights(spec, reference)
         trial.hung = trial.hung or resumed.hung
@@ -314,7 +324,7 @@ class SaveKillTrial:
 def run_savekill_trial(save_index: int, after_bytes: int, reference: dict[str, torch.Tensor]) -> SaveKillTrial:
     trial = SaveKillTrial(save_index, after_bytes)
     with TemporaryDirectory(prefix="faults-") as tmp:
-        spec = JobSpec(tmp, max_restarts=1, save_index=save_index, after_bytes=after_bytes)
+        spec = _job(tmp, max_restarts=1, save_index=save_index, after_bytes=after_bytes)
         job = run_job(spec)
         trial.exit_code, trial.hung = job.returncode, job.hung
         trial.killed = spec.path("killed").exists()
@@ -327,7 +337,7 @@ def run_savekill_trial(save_index: int, after_bytes: int, reference: dict[str, t
                 TorchCheckpointIO().load(file)
             except CheckpointError:
                 trial.corrupt_files += 1
-        requeued = run_job(JobSpec(tmp, max_restarts=1, resume=True, save_index=save_index, after_bytes=after_bytes))
+        requeued = run_job(_job(tmp, max_restarts=1, resume=True, save_index=save_index, after_bytes=after_bytes))
         trial.error = "" if trial.killed else "no kill during a save"
         trial.error = trial.error or (requeued.error if requeued.returncode else "")
         trial.resumed_exactly = same_weights(spec, reference)
@@ -339,7 +349,7 @@ def run_savekill_trial(save_index: int, after_bytes: int, reference: dict[str, t
 def _reference() -> dict[str, torch.Tensor]:
     """The uninterrupted run's weights, from a job like every other."""
     with TemporaryDirectory(prefix="faults-") as tmp:
-        job = run_job(JobSpec(tmp))
+        job = run_job(_job(tmp))
         if job.returncode != 0:
             raise RuntimeError(f"the uninterrupted reference job failed: {job.error}")
         return dict(torch.load(Path(tmp, "final.pt"), weights_only=True))
@@ -350,14 +360,20 @@ def main() -> None:
     parser.add_argument("--scenario", choices=("crash", "preempt", "savekill"), default="crash")
     parser.add_argument("--trials", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=None, help="default: benchmarks/results/faults[_SCENARIO].json")
+    parser.add_argument("--zero-stage", type=int, choices=(0, 1, 2), default=0, help="DDPStrategy(zero_stage=...)")
+    parser.add_argument("--async-checkpoint", action="store_true", help="DDPStrategy(async_checkpoint=True)")
+    parser.add_argument("--out", default=None,
+                        help="default: benchmarks/results/faults[_SCENARIO][_zeroN][_async].json")
     args = parser.parse_args()
-    out = args.out or f"benchmarks/results/faults{'' if args.scenario == 'crash' else '_' + args.scenario}.json"
+    _ENGINE.update(zero_stage=args.zero_stage, async_checkpoint=args.async_checkpoint)
+    suffix = ("" if args.scenario == "crash" else "_" + args.scenario) + \
+        (f"_zero{args.zero_stage}" if args.zero_stage else "") + ("_async" if args.async_checkpoint else "")
+    out = args.out or f"benchmarks/results/faults{suffix}.json"
     chooser = random.Random(args.seed)
     reference = _reference()
     run = {"crash": _crash_trials, "preempt": _notice_trials, "savekill": _savekill_trials}[args.scenario]
     trials, report = run(args.trials, chooser, reference)
-    report = {"seed": args.seed, "load_before": _load(), **report}
+    report = {"seed": args.seed, "engine": dict(_ENGINE), "load_before": _load(), **report}
     _write(Path(out), report, trials)
 
 
