@@ -12,8 +12,10 @@ Scenarios, each run a fresh process tree per round, contenders' order rotated ev
   process with `strategy="ddp_notebook"`: the first fit and the median of the others, ours against
   `pytorch_lightning`'s `ddp_notebook` (a plain script stands in for the kernel).
 * `multirun`: `ddp-train -m seed=1,2,3,4` (Hydra's basic launcher: 4 jobs one after the other in one
-  process, each its own Trainer) against the same 4 jobs as fits of ONE Trainer
-  (benchmarks/contenders/multirun_reuse.py); each job's fit time, as the CLI's "finished in" times it.
+  process, each its own Trainer; benchmarks/contenders/multirun_jobs.py) against the same 4 jobs as fits
+  of ONE Trainer (benchmarks/contenders/multirun_reuse.py), each fit training the same steps (checked):
+  the first job's fit, and of jobs 2-4 the median fit (the span the CLI's "finished in" prints) and the
+  median whole job (seed, build, fit; the CLI's validation and summary too).
 
 Ours runs with the process's default ranks: forked per stage where forking is safe (one CPU thread per
 rank, as on this 2-core machine), else the shared pool; `--threads 2` forces the pool (OMP_NUM_THREADS).
@@ -24,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -65,18 +66,18 @@ def notebook(contender: str, work: Path, threads: str | None) -> dict[str, float
 
 
 def multirun(contender: str, work: Path, threads: str | None) -> dict[str, float]:
+    out = work / "jobs.json"
     if contender == "ours_multirun":
-        stdout = _python(["-m", "trainer", "-m", "seed=1,2,3,4", f"hydra.sweep.dir={work}", *MULTIRUN], work,
-                         threads)
-        seconds = [float(found) for found in re.findall(r"finished in ([0-9.]+) s", stdout)]
+        _python(["-m", "benchmarks.contenders.multirun_jobs", str(out), "-m", "seed=1,2,3,4",
+                 f"hydra.sweep.dir={work}", *MULTIRUN], work, threads)
     else:
-        out = work / "fits.json"
         _python(["-m", "benchmarks.contenders.multirun_reuse", str(out), f"paths.output_dir={work}", *MULTIRUN],
                 work, threads)
-        seconds = json.loads(out.read_text())["seconds"]
-    if len(seconds) != 4:
-        raise RuntimeError(f"{contender}: expected 4 jobs, got {seconds}")
-    return {"first_s": seconds[0], "jobs_2_to_4_median_s": statistics.median(seconds[1:])}
+    clocks = json.loads(out.read_text())
+    if len(clocks["seconds"]) != 4 or len(set(clocks["steps"])) != 1 or not clocks["steps"][0]:
+        raise RuntimeError(f"{contender}: expected 4 jobs of the same nonzero steps, got {clocks}")
+    return {"first_s": clocks["seconds"][0], "jobs_2_to_4_median_s": statistics.median(clocks["seconds"][1:]),
+            "jobs_2_to_4_whole_median_s": statistics.median(clocks["job_seconds"][1:])}
 
 
 SCENARIOS: dict[str, tuple[Any, tuple[str, ...]]] = {

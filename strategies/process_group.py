@@ -27,6 +27,7 @@ _ARRIVED = "ddp_trainer/arrived"  # the rendezvous store's key of each rank that
 _ARRIVAL_POLL_S = 0.005
 # MASTER_* variables this module set itself (and must remove on destroy).
 _variables_we_set: list[str] = []
+_groups_made = 0  # default groups this process made (a forked rank starts with its parent's count)
 
 
 def validate_backend(backend: str | None) -> None:
@@ -90,7 +91,15 @@ def init_process_group(environment: ClusterEnvironment, *, backend: str, device:
             f"MASTER_ADDR={environment.main_address}, MASTER_PORT={environment.main_port}, "
             f"world_size={world_size}, timeout={timeout}): {_first_line(error)}. Check that every rank was started "
             f"and can reach the address, or raise DDPStrategy(timeout=...).", rank)) from error
+    global _groups_made
+    _groups_made += 1
     return True
+
+
+def groups_made() -> int:
+    """How many default process groups this process has made: a stage that reuses its ranks' group
+    (the next Trainer with the same world size, backend and timeout) leaves the count as it was."""
+    return _groups_made
 
 
 def _name_the_next_group_as_fresh_processes_do() -> None:

@@ -39,6 +39,7 @@ class StageWatch:
         self._stage_thread = threading.get_ident()
         self._lock = threading.Lock()
         self._armed = True  # the stage's own code still runs: a failure interrupts it
+        self._interrupted = False  # an interruption was sent to the stage's thread
         self._thread = threading.Thread(target=self._watch, name="ddp-trainer-stage-watch", daemon=True)
         self._in_main_thread = threading.current_thread() is threading.main_thread()
         self._previous_handler: Any = None
@@ -52,7 +53,8 @@ class StageWatch:
         """The stage's own code has ended: no interruption may reach the code that follows it."""
         with self._lock:
             self._armed = False
-            _clear_async_exception(self._stage_thread)
+            if self._interrupted:
+                _absorb_interruption(self._stage_thread)
         if self._in_main_thread:
             signal.signal(_WAKE_SIGNAL, self._previous_handler)
 
@@ -77,6 +79,7 @@ class StageWatch:
             LEDGER.aborted = str(failure).splitlines()[0]  # a wait this rank polls itself stops too
             self._kill_workers()
             if self._armed:
+                self._interrupted = True
                 _raise_in_thread(self._stage_thread, StageInterrupted)
                 if self._in_main_thread:
                     signal.pthread_kill(self._stage_thread, _WAKE_SIGNAL)
@@ -138,8 +141,27 @@ def _raise_in_thread(thread_id: int, exception: type[BaseException]) -> None:
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(exception))
 
 
-def _clear_async_exception(thread_id: int) -> None:
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), None)
+def _absorb_interruption(thread_id: int) -> None:
+    """Called in the stage's thread `thread_id`: an interruption still pending there is not raised.
+
+    Not by clearing it (`PyThreadState_SetAsyncExc(id, NULL)`): CPython before 3.13 then keeps its
+    "asynchronous exception pending" flag set for the whole interpreter, which only an exception's
+    delivery resets; every later function call checks for it again, and under a profiler or a tracer
+    (cProfile, pdb, coverage) the next call loops on that check forever. So an exception of our own
+    replaces the pending one, and is delivered and caught right here."""
+    try:
+        _raise_in_thread(thread_id, _Absorbed)
+        _deliver_pending()
+    except _Absorbed:
+        pass
+
+
+def _deliver_pending() -> None:
+    """A function call: a pending asynchronous exception is raised at its entry, if not before."""
+
+
+class _Absorbed(BaseException):
+    """Internal: replaces a pending `StageInterrupted` that came too late to matter."""
 
 
 class _WorkerDied(Exception):

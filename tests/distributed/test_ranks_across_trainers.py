@@ -5,8 +5,10 @@ and nothing is left behind."""
 
 from __future__ import annotations
 
+import cProfile
 import gc
 import os
+import pstats
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -179,3 +181,18 @@ def test_a_forked_rank_never_frees_what_the_caller_left(monkeypatch: pytest.Monk
     trainer.validate(model, _loader())
     assert trainer.state.status == "finished" and trainer.global_step == 2
     gc.collect()  # the stores' servers end here, where their threads are
+
+
+@pytest.mark.timeout(120, method="thread")  # the bug hung signal handlers too: only a thread ends it
+def test_a_profiler_works_after_a_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a stage the caller's interpreter is as it was: the stage's watch once cleared its (unsent)
+    interruption in a way that left CPython's "asynchronous exception pending" flag set, and the next
+    fit run under cProfile (or pdb, or coverage) looped forever on its first call. A multirun's 2nd job,
+    profiled, did."""
+    monkeypatch.setenv("OMP_NUM_THREADS", THREADS["fork"])
+    first = _fit(tmp_path, "plain")
+    profiler = cProfile.Profile()
+    second = profiler.runcall(_fit, tmp_path, "profiled")
+    assert [row[0] for row in second] == [row[0] for row in first]  # the same ranks served the profiled fit
+    calls = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    assert any(function == "fit" and file.endswith("trainer.py") for file, _, function in calls)

@@ -6,6 +6,7 @@ so the demo runs anywhere and reaches ~97% validation accuracy in seconds on a l
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,6 +17,17 @@ from torch.utils.data import DataLoader, TensorDataset
 from trainer.datamodule import LightningDataModule
 from trainer.demos.common import check_fraction, check_positive, configure_optimizer, make_loader, make_mlp
 from trainer.module import LightningModule
+
+
+@functools.lru_cache(maxsize=1)
+def _bundled_digits() -> tuple[torch.Tensor, torch.Tensor]:
+    """The 1,797 images and labels, read once per process (~30 ms a read: the csv is parsed each time):
+    a multirun's later jobs, the next Trainer of a script and ranks forked after the first read reuse
+    them. Nothing writes to them: `setup` indexes (copies) them before anything else."""
+    from sklearn.datasets import load_digits  # imported here: scikit-learn costs ~1 s to import
+
+    images, labels = load_digits(return_X_y=True)
+    return torch.as_tensor(images, dtype=torch.float32), torch.as_tensor(labels, dtype=torch.long)
 
 
 class DigitsDataModule(LightningDataModule):
@@ -40,11 +52,7 @@ class DigitsDataModule(LightningDataModule):
     def setup(self, stage: str) -> None:
         if self.train_set is not None:
             return
-        from sklearn.datasets import load_digits  # imported here: scikit-learn costs ~1 s to import
-
-        images, labels = load_digits(return_X_y=True)
-        features = torch.as_tensor(images, dtype=torch.float32)
-        targets = torch.as_tensor(labels, dtype=torch.long)
+        features, targets = _bundled_digits()
         order = torch.randperm(len(targets), generator=torch.Generator().manual_seed(self.seed))
         n_val = max(1, int(round(len(order) * self.val_fraction)))
         train_idx, val_idx = order[n_val:], order[:n_val]
