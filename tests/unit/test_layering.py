@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+from tests.helpers.import_graph import measures
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,3 +57,56 @@ def test_import_trainer_does_not_load_lightning_or_the_config_stack() -> None:
             f"print(bad); sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ---------------------------------------------------------------------- inside trainer/ (issue #41)
+# The measures are read by tests/helpers/import_graph.py (`python -m tests.helpers.import_graph` prints them).
+# Each assertion is the state reached so far: a change may lower a number, never raise it.
+
+@functools.cache
+def _measures() -> dict[str, Any]:
+    return measures(ROOT)
+
+
+def test_no_runtime_import_cycle_inside_trainer() -> None:
+    """A module-level import cycle breaks depending on which module a program imports first."""
+    assert _measures()["runtime import cycles (module level)"] == []
+
+
+def test_function_level_imports_inside_trainer() -> None:
+    """An import inside a function hides a dependency (and usually an import cycle) from the reader."""
+    assert set(_measures()["function-level imports between trainer modules"]) == {
+        "trainer.assembly -> trainer.loggers",
+        "trainer.assembly -> trainer.callbacks",
+        "trainer.assembly -> trainer.callbacks.telemetry",
+        "trainer.callbacks.checkpoint_files -> trainer.checkpointing",
+        "trainer.data_sources -> trainer.loops.batches",
+        "trainer.lightning_views -> trainer.loops.schedule",
+        "trainer.module -> trainer.precision",
+        "trainer.module_adapter -> trainer.loops.training_step",
+        "trainer.module_optimization -> trainer.loops.training_step",
+    }
+
+
+def test_only_the_facade_and_its_users_import_the_trainer_module() -> None:
+    """The concrete Trainer is imported at run time only by the package and the command lines."""
+    assert _measures()["importing trainer.trainer at run time"] == [
+        "trainer", "trainer.cli.checks", "trainer.cli.schemas", "trainer.lightning_cli"]
+
+
+def test_modules_importing_the_trainer_module_for_types() -> None:
+    assert len(_measures()["importing trainer.trainer for types"]) <= 19
+
+
+def test_loops_is_a_layer() -> None:
+    """loops/ holds the drivers; what other parts need lives below it."""
+    assert len(_measures()["modules outside loops/ importing it"]) <= 10
+
+
+def test_the_import_circle_inside_trainer() -> None:
+    """Modules tied into one circle by their imports (type-only ones included) change together."""
+    assert _measures()["largest import circle (all kinds)"] <= 38
+
+
+def test_parameters_named_trainer_in_loops() -> None:
+    assert _measures()["parameters named trainer in loops/"] <= 59
