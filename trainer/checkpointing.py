@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import warnings
-from typing import Any, TYPE_CHECKING
+from typing import Any, NamedTuple, TYPE_CHECKING
 
 import torch
 
@@ -13,7 +13,6 @@ from strategies.checkpoint_io import CheckpointError
 from trainer.checkpoint_loops import lightning_loops, position_from_lightning, saved_loader_states
 from trainer.compiled import plain_state_dict, state_dict_for
 from trainer.hparams import checkpoint_hparams
-from trainer.loops.resume import ResumePoint
 from trainer.seed import gather_rng_states
 
 if TYPE_CHECKING:
@@ -198,10 +197,17 @@ def restore_callbacks(trainer: Trainer, module: Any, checkpoint: dict[str, Any])
     trainer.callback_list.load_state_dict(checkpoint.get("callbacks", {}))
 
 
-def restore_training_state(trainer: Trainer, module: Any, checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> ResumePoint:
-    """Optimizers, schedulers, scaler and the loop's progress; returns what the fit's first epoch
-    still has to put back (the loaders' positions and every rank's RNG, at the point the checkpoint
-    was taken: trainer/loops/resume.py)."""
+class SavedPosition(NamedTuple):
+    """What the fit's first epoch still has to put back after `restore_training_state`: the training loaders'
+    positions and every rank's RNG, at the point the checkpoint was taken (trainer/loops/resume.py)."""
+
+    loader_states: list[dict[str, Any]]
+    rng_states: dict[str, Any] | None
+
+
+def restore_training_state(trainer: Trainer, module: Any, checkpoint: dict[str, Any],
+                           path: str | os.PathLike[str]) -> SavedPosition:
+    """Optimizers, schedulers, scaler and the loop's progress; returns the rest of the saved position."""
     optimizer_states = checkpoint.get("optimizer_states")
     if optimizer_states is None:
         raise CheckpointError(f"{path!r} holds weights only (save_weights_only=True); it cannot resume training. "
@@ -218,8 +224,7 @@ def restore_training_state(trainer: Trainer, module: Any, checkpoint: dict[str, 
     trainer.strategy.load_state_dict(_saved(checkpoint, "strategy", {}))
     trainer.progress.load_state_dict(_loop_position(checkpoint, trainer.accumulate_grad_batches))
     _check_not_past_max_epochs(trainer, path)
-    return ResumePoint.restored(trainer.progress, saved_loader_states(checkpoint),
-                                _rng_as(torch.int64, _saved(checkpoint, "rng_states", None)))
+    return SavedPosition(saved_loader_states(checkpoint), _rng_as(torch.int64, _saved(checkpoint, "rng_states", None)))
 
 
 def restore_datamodule(trainer: Trainer, checkpoint: dict[str, Any]) -> None:

@@ -19,6 +19,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sequenti
 
 from strategies.sampler import rebuild_dataloader
 from strategies.rank_zero import rank_zero_warn
+from trainer.batch_counts import num_batches
 from trainer.combined_loader import CombinedLoader
 from trainer.datamodule import LightningDataModule
 from trainer.lightning_types import is_lightning_instance
@@ -165,8 +166,6 @@ class DataSources:
     def count_training_batches(self, trainer: Trainer) -> int | float:
         """Training batches per epoch before the loader was requested (for `estimated_stepping_batches`
         inside `configure_optimizers`): request it now, as Lightning does."""
-        from trainer.loops.batches import num_batches
-
         loaders = self.loaders.get("train") or self.request(trainer, "train")
         self.counts.train = unlimited_if_negative(num_batches(trainer, loaders[0], "train") if loaders else 0)
         return self.counts.train

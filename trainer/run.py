@@ -27,7 +27,7 @@ from trainer.data_sources import overrides
 from trainer.loops.evaluation import has_step, print_results, run_evaluation, run_predict
 from trainer.loops.fit_loop import run_fit
 from trainer.loops.metric_writes import write_logger_metrics
-from trainer.loops.prediction_run import PredictionRun
+from trainer.prediction_run import PredictionRun
 from trainer.loops.resume import ResumePoint
 from strategies.lightning_types import register_strategy_types
 from trainer.module_adapter import align_lightning_rank, attach, automatic_optimization, check_module, unbind_api
@@ -201,7 +201,8 @@ def _fit_watched(trainer: Trainer, module: nn.Module, ckpt: CheckpointRequest) -
     if chosen.contents is not None and chosen.path is not None:
         # Lightning's order: after on_fit_start, so a callback that changes the optimizer there (BaseFinetuning
         # adds back the parameter groups it had unfrozen) gets the saved state into the optimizer it rebuilt
-        resume = checkpointing.restore_training_state(trainer, module, chosen.contents, chosen.path)
+        saved = checkpointing.restore_training_state(trainer, module, chosen.contents, chosen.path)
+        resume = ResumePoint.restored(trainer.progress, saved.loader_states, saved.rng_states)
     module.zero_grad()
     with torch.autograd.set_detect_anomaly(trainer.detect_anomaly):
         run_fit(trainer, module, resume)

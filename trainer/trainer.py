@@ -30,8 +30,8 @@ from trainer.lightning_views import FitLoopView, LoggerConnectorView, PredictLoo
 from trainer.optimizers import LRSchedulerConfig
 from trainer.profiler import resolve_profiler
 from trainer.precision import Precision
-from trainer.loops.prediction_run import PredictionRun
-from trainer.loops.schedule import settled_max_epochs, stepping_batches, validation_every
+from trainer.prediction_run import PredictionRun
+from trainer.schedule import settled_max_epochs, stepping_batches, validation_every
 from trainer.launch import launch, split_datamodule, stage_request
 from trainer.state import FitProgress, FitRun, TrainerStatus
 from trainer.validation import apply_backend_flags, defaults_from_env, resolve_trainer_args
@@ -295,7 +295,7 @@ class Trainer:
 
     @property
     def predict_loop(self) -> PredictLoopView:
-        """What prediction writers read of the current (or latest) predict run (see loops/prediction_run.py)."""
+        """What prediction writers read of the current (or latest) predict run (see trainer/prediction_run.py)."""
         return PredictLoopView(self.prediction_run)
 
     @property

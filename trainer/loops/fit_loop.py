@@ -23,18 +23,17 @@ from torch import nn
 
 from strategies.rank_zero import rank_zero_info, rank_zero_warn
 from trainer.data_sources import INFINITE, unlimited_if_negative
-from trainer.loops.batches import iterate_limited, num_batches, open_loader, set_sampler_epoch
+from trainer.batch_counts import num_batches
+from trainer.loops.batches import iterate_limited, open_loader, set_sampler_epoch
 from trainer.loops.signatures import check_training_signature
 from trainer.loops.step_iterator import StepIterator, takes_dataloader_iter
 from trainer.loops.evaluation import has_step, run_evaluation, run_sanity_check
 from trainer.loops.metric_writes import write_logger_metrics
 from trainer.loops.preemption import stop_if_preempted
 from trainer.loops.resume import ResumePoint
-from trainer.loops.schedule import (can_stop_early, check_val_interval, fit_done, max_steps_reached, time_is_up,
-                                    validates_in_epoch, validation_due)
 from trainer.loops.training_step import run_training_batch, step_schedulers
-
-__all__ = ["run_fit", "validates_in_epoch"]
+from trainer.schedule import (can_stop_early, check_val_interval, fit_done, max_steps_reached, time_is_up,
+                              validates_in_epoch, validation_due)
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from strategies.rank_zero import rank_zero_warn
+from trainer.backward import backward
 from trainer.module_adapter import automatic_optimization, set_current_hook
 from trainer.profiler import profile_strategy
 
@@ -98,18 +99,6 @@ def _normalize(loss: torch.Tensor, accumulate_grad_batches: int) -> torch.Tensor
     division by 1 would change no value (x / 1 == x, NaN and -0.0 included) yet cost a device op
     forward and another backward on every step, so the loss is used as it is."""
     return loss if accumulate_grad_batches == 1 else loss / accumulate_grad_batches
-
-
-def backward(trainer: Trainer, module: nn.Module, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-    """on_before_backward -> the module's `backward` hook (the strategy reduces the gradients it
-    produces) -> on_after_backward; shared by automatic and manual optimization."""
-    callbacks, precision = trainer.callback_list, trainer.precision_plugin
-    loss = precision.scale_loss(loss)
-    callbacks.call("on_before_backward", trainer, module, loss)
-    with profile_strategy(trainer, "backward"):
-        trainer.strategy.backward(loss, run=lambda tensor: callbacks.call_module("backward", module, tensor,
-                                                                                 *args, **kwargs))
-    callbacks.call("on_after_backward", trainer, module)
 
 
 def training_step(trainer: Trainer, module: nn.Module, batch: Any, batch_idx: int) -> Any:

@@ -13,8 +13,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from trainer.loops import nonfinite
-from trainer.loops.nonfinite import NonFiniteWatch, total_norm
+from trainer import nonfinite
+from trainer.nonfinite import NonFiniteWatch, total_norm
 
 NAN, INF = float("nan"), float("inf")
 
