@@ -4,15 +4,18 @@ so that the module API reaches it without importing a loop."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from trainer.profiler import profile_strategy
 
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
 
-def backward(trainer: Any, module: nn.Module, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+
+def backward(trainer: Trainer, module: nn.Module, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
     """on_before_backward -> the module's `backward` hook (the strategy reduces the gradients it
     produces) -> on_after_backward; shared by automatic and manual optimization."""
     callbacks, precision = trainer.callback_list, trainer.precision_plugin

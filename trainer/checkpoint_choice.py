@@ -66,7 +66,8 @@ def requested_checkpoint(trainer: TrainerContract, stage: str, *, model_given: b
     return CheckpointRequest(path, weights_only=weights_only is not False)
 
 
-def choose_checkpoint(trainer: TrainerContract, stage: str, module: Any, request: CheckpointRequest) -> ChosenCheckpoint:
+def choose_checkpoint(trainer: TrainerContract, stage: str, module: Any,
+                      request: CheckpointRequest) -> ChosenCheckpoint:
     """The checkpoint `stage` starts from, loaded (see the module docstring for the rule of each request)."""
     path = request.path
     automatic = stage == "fit" and path is None and _preemption_checkpoint_found(trainer)

@@ -128,13 +128,14 @@ class DataSources:
         self.loaders = {}
         self.seen_batches = {}
 
-    def defined(self, trainer: Trainer, stage: str) -> bool:
+    def defined(self, stage: str, datamodule: Any, module: Any) -> bool:
+        """Whether `stage` has data: loaders given for it, or its hook on the datamodule or the module."""
         if stage in self.given:
             return True
-        return any(overrides(owner, HOOKS[stage]) for owner in (trainer.datamodule, trainer.lightning_module))
+        return any(overrides(owner, HOOKS[stage]) for owner in (datamodule, module))
 
-    def val_defined(self, trainer: Trainer) -> bool:
-        return self.defined(trainer, "validate")
+    def val_defined(self, datamodule: Any, module: Any) -> bool:
+        return self.defined("validate", datamodule, module)
 
     def request(self, trainer: Trainer, stage: str, required: bool = True) -> list[Any]:
         """Call the stage's hook (or take the given loaders), shard them for this rank, remember them."""

@@ -220,7 +220,7 @@ class Trainer:
         if storage_options is not None:
             raise TypeError("save_checkpoint(storage_options=...) is not supported: our checkpoint I/O writes local "
                             "files; pass a CheckpointIO to the strategy to write elsewhere.")
-        self.fit_run.nonfinite_watch.check(self)  # never save weights a non-finite step has already spoiled
+        self.fit_run.nonfinite_watch.check(self.strategy)  # never save weights a non-finite step has already spoiled
         with self.profiler.profile("save_checkpoint"):
             module = self.strategy.unwrap(self.lightning_module)
             checkpoint = build_checkpoint(self, module, weights_only)
@@ -367,7 +367,7 @@ class Trainer:
 
     @property
     def enable_validation(self) -> bool:
-        return self.data.val_defined(self) and self.limit_val_batches != 0
+        return self.data.val_defined(self.datamodule, self.lightning_module) and self.limit_val_batches != 0
 
     train_dataloader = _read_only("data.train_dataloader")
     val_dataloaders = _read_only("data.val_dataloaders")
@@ -404,6 +404,6 @@ class Trainer:
         return copy.__dict__
 
 
-if TYPE_CHECKING:  # mypy: the Trainer satisfies its own contract (trainer/contract.py, what callbacks are typed against)
+if TYPE_CHECKING:  # mypy: the Trainer keeps its contract (trainer/contract.py, what callbacks are typed against)
     def _trainer_keeps_the_contract(trainer: Trainer) -> TrainerContract:
         return trainer

@@ -122,6 +122,39 @@ def trainer_parameters(modules: dict[str, Path], package: str) -> list[str]:
     return found
 
 
+def _attribute_chain(node: ast.expr) -> list[str]:
+    chain: list[str] = []
+    while isinstance(node, ast.Attribute):
+        chain.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        chain.append(node.id)
+    return chain[::-1]
+
+
+# Calls that hand the Trainer on by design: to user hooks (the callback list) and to the stage's work (launch).
+_HANDS_ON = (("callback_list",), ("strategy", "launch"))
+
+
+def parts_handed_the_trainer(modules: dict[str, Path]) -> list[str]:
+    """`module:line call` for every call of a method of one of the Trainer's parts (`trainer.data.request(...)`,
+    in trainer.py `self.data...`) that passes the Trainer itself back as an argument."""
+    found = []
+    for name, path in modules.items():
+        me = "self" if name == "trainer.trainer" else "trainer"
+        source = path.read_text()
+        for node in ast.walk(ast.parse(source, filename=str(path))):
+            if not isinstance(node, ast.Call):
+                continue
+            arguments = list(node.args) + [keyword.value for keyword in node.keywords]
+            if not any(isinstance(argument, ast.Name) and argument.id == me for argument in arguments):
+                continue
+            chain = _attribute_chain(node.func)
+            if len(chain) >= 3 and chain[0] == me and not any(tuple(chain[1:1 + len(on)]) == on for on in _HANDS_ON):
+                found.append(f"{name}:{node.lineno} {'.'.join(chain)}")
+    return sorted(found)
+
+
 def measures(root: Path = ROOT) -> dict[str, object]:
     modules = package_modules("trainer", root)
     edges = list(imports(modules))
@@ -142,6 +175,7 @@ def measures(root: Path = ROOT) -> dict[str, object]:
         "modules outside loops/ importing it": loops_users,
         "largest import circle (all kinds)": max((len(c) for c in circle), default=0),
         "parameters named trainer in loops/": len(trainer_parameters(modules, "trainer.loops")),
+        "calls handing a part the Trainer": parts_handed_the_trainer(modules),
     }
 
 

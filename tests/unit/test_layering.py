@@ -105,3 +105,8 @@ def test_the_import_circle_inside_trainer() -> None:
 
 def test_parameters_named_trainer_in_loops() -> None:
     assert _measures()["parameters named trainer in loops/"] <= 41
+
+
+def test_parts_handed_the_trainer() -> None:
+    """A part that takes the whole Trainer back can read and change anything; it should get what it uses."""
+    assert len(_measures()["calls handing a part the Trainer"]) <= 6

@@ -140,7 +140,9 @@ def _optimizer_step(trainer: Trainer, module: nn.Module, batch_idx: int, optimiz
         ran.append(True)
         loss = closure()
         precision.unscale(optimizer)
-        if not trainer.fit_run.nonfinite_watch.usable(trainer, optimizer, extract_loss(closure.output)):
+        if not trainer.fit_run.nonfinite_watch.usable(
+                trainer.strategy, optimizer, extract_loss(closure.output), policy=trainer.on_nonfinite,
+                scaled=precision.scaler is not None, step=trainer.global_step, epoch=trainer.current_epoch):
             raise _SkipStep
         callbacks.call("on_before_optimizer_step", trainer, module, optimizer)
         callbacks.call_module("configure_gradient_clipping", module, optimizer,
