@@ -11,7 +11,6 @@ loop position).
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, TYPE_CHECKING
 
 import torch
@@ -21,7 +20,6 @@ from strategies.rank_zero import rank_zero_warn
 from trainer import checkpointing
 from trainer.checkpoint_choice import (CheckpointRequest, ChosenCheckpoint, choose_checkpoint,
                                        discard_preemption_checkpoint)
-from trainer.callbacks.dispatch import adopt_callback, checkpoints_last
 from trainer.compiled import compiled_steps
 from trainer.data_sources import overrides
 from trainer.loops.evaluation import has_step, print_results, run_evaluation, run_predict
@@ -31,7 +29,7 @@ from trainer.prediction_run import PredictionRun
 from trainer.loops.resume import ResumePoint
 from strategies.lightning_types import register_strategy_types
 from trainer.module_adapter import align_lightning_rank, attach, automatic_optimization, check_module, unbind_api
-from trainer.optimizers import ManualOptimizer, NoOptimizer, check_schedulers, init_optimizers
+from trainer.optimizers import ManualOptimizer, settle_optimizers
 from trainer.profiler import is_profiling
 from trainer.seed import reset_seed
 from trainer.stage_request import StageRequest
@@ -104,15 +102,9 @@ def _on_exception(trainer: Trainer, model: nn.Module, error: BaseException) -> N
 
 
 def _add_module_callbacks(trainer: Trainer, model: nn.Module) -> None:
-    """`configure_callbacks()` of the module: each replaces the Trainer's callbacks of its type
-    (Lightning's rule), the rest are added; checkpointing stays last."""
     extra = trainer.callback_list.call_module("configure_callbacks", model)
-    if not extra:
-        return
-    extra = [adopt_callback(callback) for callback in as_items(extra)]
-    replaced = {type(callback) for callback in extra}
-    kept = [c for c in trainer.callback_list.callbacks if type(c) not in replaced and c not in extra]
-    trainer.callback_list.callbacks[:] = checkpoints_last(kept + extra)
+    if extra:
+        trainer.callback_list.add_module_callbacks(as_items(extra))
 
 
 def _create_experiments(trainer: Trainer) -> None:
@@ -247,18 +239,8 @@ def _prepare_data(trainer: Trainer, module: nn.Module) -> None:
 # ---------------------------------------------------------------------- optimizers and checkpoints
 def _configure_optimizers(trainer: Trainer, module: nn.Module) -> None:
     returned = trainer.callback_list.call_module("configure_optimizers", module)
-    optimizers, schedulers = init_optimizers(returned)
-    automatic = automatic_optimization(module)
-    if automatic and len(optimizers) > 1:
-        raise ValueError(f"configure_optimizers() returned {len(optimizers)} optimizers; automatic optimization "
-                         "uses one. Set `self.automatic_optimization = False` and step them yourself.")
-    if automatic and not optimizers:
-        if returned is not None:
-            raise ValueError("configure_optimizers() returned no optimizer; automatic optimization needs one.")
-        warnings.warn(f"{type(module).__name__}.configure_optimizers() returned None: this fit runs training_step "
-                      "and backward but updates nothing.", UserWarning, stacklevel=2)
-        optimizers = [NoOptimizer()]
-    check_schedulers(optimizers, schedulers, module, automatic, overrides(module, "lr_scheduler_step"))
+    optimizers, schedulers = settle_optimizers(returned, module, automatic=automatic_optimization(module),
+                                               custom_scheduler_step=overrides(module, "lr_scheduler_step"))
     trainer.strategy.setup_optimizers(optimizers, loss_scaling=trainer.precision_plugin.scaler is not None)
     trainer.optimizers, trainer.lr_scheduler_configs = optimizers, schedulers
     trainer.wrapped_optimizers = [ManualOptimizer(optimizer, trainer) for optimizer in optimizers]
