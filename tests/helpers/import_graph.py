@@ -19,7 +19,6 @@ class Import:
     importer: str  # dotted module name, e.g. "trainer.loops.fit_loop"
     target: str  # the trainer module it names
     kind: str  # MODULE, TYPE_ONLY or FUNCTION
-    line: int
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -66,7 +65,7 @@ def _visit(node: ast.AST, kind: str, importer: str, modules: dict[str, Path]) ->
                 yield from _visit(ast.Module(body=[statement], type_ignores=[]), kind, importer, modules)
         elif isinstance(child, ast.Import | ast.ImportFrom):
             for target in _targets(child, importer, modules):
-                yield Import(importer, target, kind, child.lineno)
+                yield Import(importer, target, kind)
         elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
             yield from _visit(child, FUNCTION, importer, modules)
         else:

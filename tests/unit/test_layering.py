@@ -110,3 +110,27 @@ def test_parameters_named_trainer_in_loops() -> None:
 def test_parts_handed_the_trainer() -> None:
     """A part that takes the whole Trainer back can read and change anything; it should get what it uses."""
     assert len(_measures()["calls handing a part the Trainer"]) <= 6
+
+
+def test_the_measures_see_what_they_count(tmp_path: Path) -> None:
+    """The tool on a made-up package: each kind of import is classified, and each measure counts it."""
+    files = {
+        "__init__.py": "from trainer.trainer import Trainer\n",
+        "trainer.py": "from trainer.loops import drive\n",
+        "loops/__init__.py": "",
+        "loops/drive.py": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from trainer.trainer import Trainer\n"
+                           "def run(trainer):\n    trainer.data.request(trainer)\n    trainer.callback_list.call('h', trainer)\n"),
+        "part.py": "def late():\n    from trainer.loops import drive\n",
+    }
+    for name, text in files.items():
+        (tmp_path / "trainer" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "trainer" / name).write_text(text)
+    found = measures(tmp_path)
+    assert found["importing trainer.trainer at run time"] == ["trainer"]
+    assert found["importing trainer.trainer for types"] == ["trainer.loops.drive"]
+    assert found["function-level imports between trainer modules"] == [  # the package's __init__ runs too
+        "trainer.part -> trainer.loops", "trainer.part -> trainer.loops.drive"]
+    assert found["modules outside loops/ importing it"] == ["trainer.part", "trainer.trainer"]
+    assert found["largest import circle (all kinds)"] == 2  # trainer.trainer <-> trainer.loops.drive (type-only)
+    assert found["parameters named trainer in loops/"] == 1
+    assert found["calls handing a part the Trainer"] == ["trainer.loops.drive:5 trainer.data.request"]
