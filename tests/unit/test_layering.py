@@ -118,8 +118,12 @@ def test_the_measures_see_what_they_count(tmp_path: Path) -> None:
         "__init__.py": "from trainer.trainer import Trainer\n",
         "trainer.py": "from trainer.loops import drive\n",
         "loops/__init__.py": "",
-        "loops/drive.py": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from trainer.trainer import Trainer\n"
-                           "def run(trainer):\n    trainer.data.request(trainer)\n    trainer.callback_list.call('h', trainer)\n"),
+        "loops/drive.py": ("from typing import TYPE_CHECKING\n"
+                           "if TYPE_CHECKING:\n"
+                           "    from trainer.trainer import Trainer\n"
+                           "def run(trainer):\n"
+                           "    trainer.data.request(trainer)\n"
+                           "    trainer.callback_list.call('h', trainer)\n"),
         "part.py": "def late():\n    from trainer.loops import drive\n",
     }
     for name, text in files.items():

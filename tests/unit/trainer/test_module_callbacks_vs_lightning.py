@@ -42,8 +42,8 @@ class _Configures(BoringModel):
 
 def _callbacks_during_fit(side: str, tmp_path: Path) -> list[tuple[str, Any]]:
     trainer_class, callbacks = _SIDES[side]
-    given = [callbacks.ModelCheckpoint(dirpath=tmp_path / side), callbacks.EarlyStopping(monitor="x", patience=1, strict=False),
-             _Seen("trainer's")]
+    given = [callbacks.ModelCheckpoint(dirpath=tmp_path / side),
+             callbacks.EarlyStopping(monitor="x", patience=1, strict=False), _Seen("trainer's")]
     returned = [callbacks.EarlyStopping(monitor="x", patience=7, strict=False), _Seen("module's")]
     trainer = trainer_class(callbacks=given, default_root_dir=tmp_path / f"{side}-root", max_epochs=1,
                             limit_train_batches=1, limit_val_batches=0, logger=False, enable_progress_bar=False,
