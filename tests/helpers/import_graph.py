@@ -19,6 +19,7 @@ class Import:
     importer: str  # dotted module name, e.g. "trainer.loops.fit_loop"
     target: str  # the trainer module it names
     kind: str  # MODULE, TYPE_ONLY or FUNCTION
+    optional: bool = False  # inside a function on purpose: its line's comment says "optional dependency"
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -53,23 +54,28 @@ def _targets(node: ast.Import | ast.ImportFrom, importer: str, modules: dict[str
 def imports(modules: dict[str, Path]) -> Iterator[Import]:
     """Every import from one package module of another, classified."""
     for importer, path in modules.items():
-        yield from _visit(ast.parse(path.read_text(), filename=str(path)), MODULE, importer, modules)
+        source = path.read_text()
+        lines = source.splitlines()
+        for statement, kind in _visit(ast.parse(source, filename=str(path)), MODULE):
+            optional = kind == FUNCTION and "optional dependency" in lines[statement.lineno - 1]
+            for target in _targets(statement, importer, modules):
+                yield Import(importer, target, kind, optional)
 
 
-def _visit(node: ast.AST, kind: str, importer: str, modules: dict[str, Path]) -> Iterator[Import]:
+def _visit(node: ast.AST, kind: str) -> Iterator[tuple[ast.Import | ast.ImportFrom, str]]:
+    """Each import statement under `node`, with where it stands."""
     for child in ast.iter_child_nodes(node):
         if isinstance(child, ast.If) and _is_type_checking(child.test):
             for statement in child.body:
-                yield from _visit(ast.Module(body=[statement], type_ignores=[]), TYPE_ONLY, importer, modules)
+                yield from _visit(ast.Module(body=[statement], type_ignores=[]), TYPE_ONLY)
             for statement in child.orelse:
-                yield from _visit(ast.Module(body=[statement], type_ignores=[]), kind, importer, modules)
+                yield from _visit(ast.Module(body=[statement], type_ignores=[]), kind)
         elif isinstance(child, ast.Import | ast.ImportFrom):
-            for target in _targets(child, importer, modules):
-                yield Import(importer, target, kind)
+            yield child, kind
         elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
-            yield from _visit(child, FUNCTION, importer, modules)
+            yield from _visit(child, FUNCTION)
         else:
-            yield from _visit(child, kind, importer, modules)
+            yield from _visit(child, kind)
 
 
 def cycles(edges: list[Import], kinds: set[str]) -> list[list[str]]:
@@ -168,7 +174,7 @@ def measures(root: Path = ROOT) -> dict[str, object]:
         "importing trainer.trainer at run time": importers("trainer.trainer", {MODULE, FUNCTION}),
         "importing trainer.trainer for types": importers("trainer.trainer", {TYPE_ONLY}),
         "function-level imports between trainer modules": sorted(
-            {f"{e.importer} -> {e.target}" for e in edges if e.kind == FUNCTION}),
+            {f"{e.importer} -> {e.target}" for e in edges if e.kind == FUNCTION and not e.optional}),
         "runtime import cycles (module level)": cycles(edges, {MODULE}),
         "runtime import cycles (module and function level)": cycles(edges, {MODULE, FUNCTION}),
         "modules outside loops/ importing it": loops_users,
