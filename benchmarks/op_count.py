@@ -37,7 +37,7 @@ SOURCES: tuple[tuple[str, str | None, str], ...] = (
     ("strategies/buckets.py", "copy_in", "reducer: gradient copied into its bucket"),  # one foreach copy per bucket
     ("strategies/buckets.py", "copy_one", "reducer: gradient copied into its bucket"),  # one gradient (a CPU)
     ("strategies/", None, "reducer/strategy: other"),
-    ("trainer/loops/nonfinite.py", None, "non-finite check"),
+    ("trainer/nonfinite.py", None, "non-finite check"),
     ("torch/optim/", None, "optimizer step"),
     ("torch/utils/data/", None, HOST_ONLY),
     ("trainer/", None, "trainer: {module}"),

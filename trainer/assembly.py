@@ -10,10 +10,15 @@ from __future__ import annotations
 from typing import Any
 
 from strategies import Strategy, resolve_strategy
+from trainer.callbacks.model_checkpoint import ModelCheckpoint
+from trainer.callbacks.model_summary import ModelSummary
+from trainer.callbacks.progress import TQDMProgressBar
+from trainer.callbacks.telemetry import TelemetryMonitor
 from trainer.checkpoint_plugins import async_checkpoint_from_plugins
 from trainer.callbacks.dispatch import (CallbackList, adopt_callback, checkpoints_last, is_checkpoint,
                                        is_model_summary, is_progress_bar)
 from trainer.loggers.base import DummyLogger, is_logger
+from trainer.loggers.tensorboard import TensorBoardLogger
 from trainer.profiler import is_profiling
 from trainer.validation import as_items
 
@@ -40,8 +45,6 @@ def build_loggers(args: dict[str, Any]) -> list[Any]:
     if args["fast_dev_run"]:
         return [DummyLogger()]  # Lightning: a fast_dev_run writes no logs, but trainer.logger still works
     if logger is True:
-        from trainer.loggers import TensorBoardLogger
-
         return [TensorBoardLogger(save_dir=args["default_root_dir"])]
     loggers = as_items(logger)
     for item in loggers:
@@ -54,9 +57,6 @@ def build_loggers(args: dict[str, Any]) -> list[Any]:
 def build_callbacks(args: dict[str, Any], profiler: Any) -> CallbackList:
     """The user's callbacks, then (Lightning's order) the progress bar, the model summary and the
     checkpoint callback the flags ask for, and our telemetry; checkpointing runs last."""
-    from trainer.callbacks import ModelCheckpoint, ModelSummary, TQDMProgressBar
-    from trainer.callbacks.telemetry import TelemetryMonitor
-
     given = as_items(args["callbacks"]) if args["callbacks"] is not None else []
     result = [adopt_callback(callback) for callback in given]
     telemetry, fast_dev_run, checkpointing = args["enable_telemetry"], args["fast_dev_run"], args["enable_checkpointing"]

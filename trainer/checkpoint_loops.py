@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any, TYPE_CHECKING
 
-from trainer.loops.batches import members
+from trainer.batch_counts import members
 from trainer.state import EvalCount
 
 if TYPE_CHECKING:

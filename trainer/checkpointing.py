@@ -5,8 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import warnings
-from pathlib import Path
-from typing import Any, TYPE_CHECKING
+from typing import Any, NamedTuple, TYPE_CHECKING
 
 import torch
 
@@ -14,7 +13,6 @@ from strategies.checkpoint_io import CheckpointError
 from trainer.checkpoint_loops import lightning_loops, position_from_lightning, saved_loader_states
 from trainer.compiled import plain_state_dict, state_dict_for
 from trainer.hparams import checkpoint_hparams
-from trainer.loops.resume import ResumePoint
 from trainer.seed import gather_rng_states
 
 if TYPE_CHECKING:
@@ -126,7 +124,7 @@ def run_identity(module: Any) -> str:
     return f"{cls.__module__}.{cls.__qualname__}:{hashlib.sha1(hparams.encode()).hexdigest()[:12]}"
 
 
-def same_run(module: Any, checkpoint: dict[str, Any], path: str) -> bool:
+def same_run(module: Any, checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> bool:
     """Whether an automatically found checkpoint is this run's; warns when not."""
     saved, mine = _ours(checkpoint).get("run"), run_identity(module)
     if saved in (None, mine):
@@ -155,7 +153,7 @@ def _loop_position(checkpoint: dict[str, Any], accumulate_grad_batches: int) -> 
     return position_from_lightning(loops, checkpoint, accumulate_grad_batches)
 
 
-def check_checkpoint(checkpoint: dict[str, Any], path: str) -> None:
+def check_checkpoint(checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> None:
     """A checkpoint of another framework or format fails here with the file's name."""
     if "state_dict" not in checkpoint:
         raise CheckpointError(f"{path!r} is not a ddp-trainer checkpoint: it has no 'state_dict' "
@@ -165,7 +163,7 @@ def check_checkpoint(checkpoint: dict[str, Any], path: str) -> None:
         raise CheckpointError(f"{path!r} was written by a newer ddp-trainer (format {version} > {FORMAT_VERSION}).")
 
 
-def restore_module(module: Any, checkpoint: dict[str, Any], path: str) -> None:
+def restore_module(module: Any, checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> None:
     try:
         # Lightning's `module.strict_loading` (ours and Lightning's answer a bool) lets a module load a partial state
         module.load_state_dict(state_dict_for(module, checkpoint["state_dict"]),
@@ -199,10 +197,17 @@ def restore_callbacks(trainer: Trainer, module: Any, checkpoint: dict[str, Any])
     trainer.callback_list.load_state_dict(checkpoint.get("callbacks", {}))
 
 
-def restore_training_state(trainer: Trainer, module: Any, checkpoint: dict[str, Any], path: str) -> ResumePoint:
-    """Optimizers, schedulers, scaler and the loop's progress; returns what the fit's first epoch
-    still has to put back (the loaders' positions and every rank's RNG, at the point the checkpoint
-    was taken: trainer/loops/resume.py)."""
+class SavedPosition(NamedTuple):
+    """What the fit's first epoch still has to put back after `restore_training_state`: the training loaders'
+    positions and every rank's RNG, at the point the checkpoint was taken (trainer/loops/resume.py)."""
+
+    loader_states: list[dict[str, Any]]
+    rng_states: dict[str, Any] | None
+
+
+def restore_training_state(trainer: Trainer, module: Any, checkpoint: dict[str, Any],
+                           path: str | os.PathLike[str]) -> SavedPosition:
+    """Optimizers, schedulers, scaler and the loop's progress; returns the rest of the saved position."""
     optimizer_states = checkpoint.get("optimizer_states")
     if optimizer_states is None:
         raise CheckpointError(f"{path!r} holds weights only (save_weights_only=True); it cannot resume training. "
@@ -219,8 +224,7 @@ def restore_training_state(trainer: Trainer, module: Any, checkpoint: dict[str, 
     trainer.strategy.load_state_dict(_saved(checkpoint, "strategy", {}))
     trainer.progress.load_state_dict(_loop_position(checkpoint, trainer.accumulate_grad_batches))
     _check_not_past_max_epochs(trainer, path)
-    return ResumePoint.restored(trainer.progress, saved_loader_states(checkpoint),
-                                _rng_as(torch.int64, _saved(checkpoint, "rng_states", None)))
+    return SavedPosition(saved_loader_states(checkpoint), _rng_as(torch.int64, _saved(checkpoint, "rng_states", None)))
 
 
 def restore_datamodule(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
@@ -232,23 +236,13 @@ def restore_datamodule(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
             datamodule.load_state_dict(state)
 
 
-def _check_not_past_max_epochs(trainer: Trainer, path: str) -> None:
+def _check_not_past_max_epochs(trainer: Trainer, path: str | os.PathLike[str]) -> None:
     """Resuming past the last epoch would silently train nothing (Lightning raises too)."""
     max_epochs = trainer.max_epochs
     if max_epochs is not None and max_epochs != -1 and trainer.progress.current_epoch > max_epochs:
         raise CheckpointError(f"{path!r} was written in epoch {trainer.progress.current_epoch}, past "
                               f"Trainer(max_epochs={max_epochs}): raise max_epochs to train on, or load only the "
                               "weights (LightningModule.load_from_checkpoint).")
-
-
-def checkpoint_candidates(dirpath: str | None) -> list[str]:
-    """`*.ckpt` files in `dirpath`, newest first (a `last*.ckpt` wins a tie: it is written right
-    after the top-k file of the same step)."""
-    if dirpath is None or not Path(dirpath).is_dir():
-        return []
-    files = [path for path in Path(dirpath).glob("*.ckpt") if path.is_file()]
-    files.sort(key=lambda path: (path.stat().st_mtime_ns, path.name.startswith("last")), reverse=True)
-    return [str(path) for path in files]
 
 
 def require_checkpoint_file(ckpt_path: str | os.PathLike[str] | None, keywords: tuple[str, ...] = ("best", "last")) -> None:
@@ -260,17 +254,3 @@ def require_checkpoint_file(ckpt_path: str | os.PathLike[str] | None, keywords: 
         allowed = ", ".join(repr(keyword) for keyword in keywords)
         raise CheckpointError(f"ckpt_path={os.fspath(ckpt_path)!r} does not exist; pass a checkpoint file, {allowed} "
                               "or None.")
-
-
-def resolve_ckpt_path(ckpt_path: str | None, checkpoint_dirs: list[str], also: list[str] | None = None) -> list[str]:
-    """The files to try, in order: `"last"` -> every checkpoint in the checkpoint directories and
-    the existing files of `also` (the preemption checkpoint), newest first (an unreadable one is
-    skipped by the caller); a path -> that file; None -> []."""
-    if ckpt_path is None:
-        return []
-    if ckpt_path != "last":
-        require_checkpoint_file(ckpt_path)
-        return [ckpt_path]
-    candidates = [path for directory in checkpoint_dirs for path in checkpoint_candidates(directory)]
-    candidates += [path for path in also or [] if Path(path).is_file() and path not in candidates]
-    return sorted(candidates, key=lambda path: Path(path).stat().st_mtime_ns, reverse=True)

@@ -3,8 +3,9 @@ surface docs/trainer-contract.md documents, as a Protocol that mypy checks.
 
 Callbacks are typed against `TrainerContract`, not the `Trainer` class, so a callback that reaches for
 something outside the contract fails the type check instead of breaking the day that attribute moves.
-`Trainer` must satisfy it (checked below by mypy); `tests/helpers/fake_trainer.py`, the stand-in
-callback tests use, is checked against it by a test (`tests/unit/trainer/test_contract.py`).
+`Trainer` must satisfy it (checked by mypy at the end of trainer/trainer.py, so that this module imports
+no part of trainer/); `tests/helpers/fake_trainer.py`, the stand-in callback tests use, is checked
+against it by a test (`tests/unit/trainer/test_contract.py`).
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ class TrainerContract(Protocol):
     @property
     def num_val_batches(self) -> list[int | float]: ...
     @property
-    def ckpt_path(self) -> str | None: ...
+    def ckpt_path(self) -> str | os.PathLike[str] | None: ...
     @property
     def estimated_stepping_batches(self) -> int | float: ...
 
@@ -164,10 +165,3 @@ class TrainerContract(Protocol):
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """Print on global rank 0 only."""
-
-
-if TYPE_CHECKING:  # mypy: the Trainer satisfies its own contract
-    from trainer.trainer import Trainer
-
-    def _trainer_keeps_the_contract(trainer: Trainer) -> TrainerContract:
-        return trainer

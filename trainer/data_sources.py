@@ -19,6 +19,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sequenti
 
 from strategies.sampler import rebuild_dataloader
 from strategies.rank_zero import rank_zero_warn
+from trainer.batch_counts import num_batches
 from trainer.combined_loader import CombinedLoader
 from trainer.datamodule import LightningDataModule
 from trainer.lightning_types import is_lightning_instance
@@ -127,13 +128,14 @@ class DataSources:
         self.loaders = {}
         self.seen_batches = {}
 
-    def defined(self, trainer: Trainer, stage: str) -> bool:
+    def defined(self, stage: str, datamodule: Any, module: Any) -> bool:
+        """Whether `stage` has data: loaders given for it, or its hook on the datamodule or the module."""
         if stage in self.given:
             return True
-        return any(overrides(owner, HOOKS[stage]) for owner in (trainer.datamodule, trainer.lightning_module))
+        return any(overrides(owner, HOOKS[stage]) for owner in (datamodule, module))
 
-    def val_defined(self, trainer: Trainer) -> bool:
-        return self.defined(trainer, "validate")
+    def val_defined(self, datamodule: Any, module: Any) -> bool:
+        return self.defined("validate", datamodule, module)
 
     def request(self, trainer: Trainer, stage: str, required: bool = True) -> list[Any]:
         """Call the stage's hook (or take the given loaders), shard them for this rank, remember them."""
@@ -165,8 +167,6 @@ class DataSources:
     def count_training_batches(self, trainer: Trainer) -> int | float:
         """Training batches per epoch before the loader was requested (for `estimated_stepping_batches`
         inside `configure_optimizers`): request it now, as Lightning does."""
-        from trainer.loops.batches import num_batches
-
         loaders = self.loaders.get("train") or self.request(trainer, "train")
         self.counts.train = unlimited_if_negative(num_batches(trainer, loaders[0], "train") if loaders else 0)
         return self.counts.train

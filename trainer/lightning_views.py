@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from trainer.schedule import effective_max_epochs, validates_in_epoch
+
 if TYPE_CHECKING:
-    from trainer.loops.prediction_run import PredictionRun
+    from trainer.prediction_run import PredictionRun
     from trainer.trainer import Trainer
 
 
@@ -60,8 +62,6 @@ class _EpochLoop:
         return int(self._trainer.global_step)
 
     def _should_check_val_epoch(self) -> bool:
-        from trainer.loops.schedule import validates_in_epoch
-
         return validates_in_epoch(self._trainer)
 
 
@@ -74,8 +74,6 @@ class FitLoopView:
 
     @property
     def max_epochs(self) -> int | None:
-        from trainer.loops.schedule import effective_max_epochs
-
         return effective_max_epochs(self._trainer)
 
     @max_epochs.setter

@@ -20,6 +20,7 @@ from torch.utils._pytree import tree_map
 
 from trainer.hparams import AttributeDict, collect_init_args, checkpoint_hparams
 from trainer.module_logging import log, log_dict
+from trainer.precision import move_to_device
 from trainer.module_optimization import (clip_gradients, lr_schedulers, manual_backward, optimizers, toggle_optimizer,
                                          untoggle_optimizer)
 
@@ -217,8 +218,6 @@ class LightningModule(nn.Module):
         return batch
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
-        from trainer.precision import move_to_device
-
         return move_to_device(batch, device)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:

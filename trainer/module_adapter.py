@@ -24,6 +24,7 @@ from typing import Any, TYPE_CHECKING
 from torch import nn
 
 from trainer import module as module_api
+from trainer.backward import backward
 from trainer.module import LightningModule
 
 if TYPE_CHECKING:
@@ -128,8 +129,6 @@ class _StrategyBackward:
         self._trainer, self._trained = trainer, trained
 
     def backward(self, loss: Any, optimizer: Any = None, *args: Any, **kwargs: Any) -> None:
-        from trainer.loops.training_step import backward
-
         backward(self._trainer, self._trained, loss, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:

@@ -13,6 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainer.backward import backward
+
 
 def optimizers(module: nn.Module, use_pl_optimizer: bool = True) -> Any:
     """The optimizers; wrapped (stepping counts into global_step, loss scaling applied) unless
@@ -33,8 +35,6 @@ def manual_backward(module: nn.Module, loss: torch.Tensor, *args: Any, **kwargs:
     """Manual optimization's backward (Lightning's order): precision scaling, on_before_backward,
     the module's `backward` hook with `args`/`kwargs` (e.g. retain_graph=True) under the
     strategy's gradient sync, on_after_backward."""
-    from trainer.loops.training_step import backward
-
     trainer = _trainer_of(module)
     if getattr(module, "automatic_optimization", True):
         raise RuntimeError("manual_backward() is for manual optimization: set `self.automatic_optimization = False` "

@@ -102,6 +102,25 @@ def _scheduler_config(scheduler: Any, monitor: str | None) -> LRSchedulerConfig:
     return config
 
 
+def settle_optimizers(returned: Any, module: Any, *, automatic: bool,
+                      custom_scheduler_step: bool) -> tuple[list[torch.optim.Optimizer], list[LRSchedulerConfig]]:
+    """What `configure_optimizers()` returned, checked for the module's optimization mode: automatic
+    optimization steps one optimizer (None: a fit that updates nothing, with a warning, as Lightning), and
+    every scheduler must be one the loop (or the module's `lr_scheduler_step`) can step and checkpoint."""
+    optimizers, schedulers = init_optimizers(returned)
+    if automatic and len(optimizers) > 1:
+        raise ValueError(f"configure_optimizers() returned {len(optimizers)} optimizers; automatic optimization "
+                         "uses one. Set `self.automatic_optimization = False` and step them yourself.")
+    if automatic and not optimizers:
+        if returned is not None:
+            raise ValueError("configure_optimizers() returned no optimizer; automatic optimization needs one.")
+        warnings.warn(f"{type(module).__name__}.configure_optimizers() returned None: this fit runs training_step "
+                      "and backward but updates nothing.", UserWarning, stacklevel=3)
+        optimizers = [NoOptimizer()]
+    check_schedulers(optimizers, schedulers, module, automatic, custom_scheduler_step)
+    return optimizers, schedulers
+
+
 def check_schedulers(optimizers: list[Any], configs: list[LRSchedulerConfig], module: Any, automatic: bool,
                      custom_step: bool) -> None:
     """What the loop will do with each scheduler must be possible: it belongs to a returned

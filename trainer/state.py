@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from trainer.loops.nonfinite import NonFiniteWatch
+from trainer.nonfinite import NonFiniteWatch
 
 
 @dataclass

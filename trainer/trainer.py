@@ -13,7 +13,7 @@ import operator
 import os
 from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -23,15 +23,16 @@ from strategies.lightning_types import register_strategy_types
 from trainer.assembly import build_callbacks, build_loggers, build_strategy
 from trainer.callbacks.dispatch import is_early_stopping, is_progress_bar
 from trainer.checkpointing import build_checkpoint
+from trainer.contract import TrainerContract
 from trainer.logged_metrics import MetricStore
 from trainer.data_sources import DataSources
 from trainer.lightning_views import FitLoopView, LoggerConnectorView, PredictLoopView
 from trainer.optimizers import LRSchedulerConfig
 from trainer.profiler import resolve_profiler
 from trainer.precision import Precision
-from trainer.loops.prediction_run import PredictionRun
-from trainer.loops.schedule import settled_max_epochs, stepping_batches, validation_every
-from trainer.launch import default_ckpt_path, launch, split_datamodule
+from trainer.prediction_run import PredictionRun
+from trainer.schedule import settled_max_epochs, stepping_batches, validation_every
+from trainer.launch import launch, split_datamodule, stage_request
 from trainer.state import FitProgress, FitRun, TrainerStatus
 from trainer.validation import apply_backend_flags, defaults_from_env, resolve_trainer_args
 
@@ -158,7 +159,7 @@ class Trainer:
         self.precision_plugin = Precision(self.precision, self.strategy.root_device.type)
         self.data = DataSources()
         self._detach_stage_objects()
-        self.ckpt_path: str | None = None
+        self.ckpt_path: str | os.PathLike[str] | None = None  # the checkpoint the latest stage started from
         self._fitted = False  # a fit ran on the current model: evaluating it without one may use "best"
 
     def _detach_stage_objects(self) -> None:
@@ -173,41 +174,39 @@ class Trainer:
 
     # ------------------------------------------------------------------ entry points
     def fit(self, model: nn.Module, train_dataloaders: Any = None, val_dataloaders: Any = None,
-            datamodule: Any = None, ckpt_path: str | None = None, weights_only: bool | None = None) -> None:
+            datamodule: Any = None, ckpt_path: str | os.PathLike[str] | None = None,
+            weights_only: bool | None = None) -> None:
         """Train `model`; afterwards it holds the trained weights (also after multi-process runs).
         `weights_only=False` trusts `ckpt_path`: any pickled object in it is rebuilt (Lightning's meaning)."""
         self.max_epochs = settled_max_epochs(self)  # here: the launching process's attribute and warning are the fit's
-        datamodule = split_datamodule(train_dataloaders, datamodule)
-        train_dataloaders = None if datamodule is train_dataloaders else train_dataloaders
-        launch(self, "fit", model, dict(train_dataloaders=train_dataloaders, val_dataloaders=val_dataloaders,
-                                        datamodule=datamodule, ckpt_path=ckpt_path, weights_only=weights_only))
+        train_dataloaders, datamodule = split_datamodule(train_dataloaders, datamodule)
+        loaders = {"train": train_dataloaders, "validate": val_dataloaders}
+        launch(self, stage_request(self, "fit", model, loaders, datamodule, ckpt_path, weights_only))
 
-    def validate(self, model: nn.Module | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
-                 verbose: bool = True, datamodule: Any = None, weights_only: bool | None = None) -> list[dict[str, float]]:
+    def validate(self, model: nn.Module | None = None, dataloaders: Any = None,
+                 ckpt_path: str | os.PathLike[str] | None = None, verbose: bool = True, datamodule: Any = None,
+                 weights_only: bool | None = None) -> list[dict[str, float]]:
         return self._evaluate_entry("validate", model, dataloaders, ckpt_path, verbose, datamodule, weights_only)
 
-    def test(self, model: nn.Module | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
-             verbose: bool = True, datamodule: Any = None, weights_only: bool | None = None) -> list[dict[str, float]]:
+    def test(self, model: nn.Module | None = None, dataloaders: Any = None,
+             ckpt_path: str | os.PathLike[str] | None = None, verbose: bool = True, datamodule: Any = None,
+             weights_only: bool | None = None) -> list[dict[str, float]]:
         return self._evaluate_entry("test", model, dataloaders, ckpt_path, verbose, datamodule, weights_only)
 
     def predict(self, model: nn.Module | None = None, dataloaders: Any = None, datamodule: Any = None,
-                return_predictions: bool | None = None, ckpt_path: str | None = None,
+                return_predictions: bool | None = None, ckpt_path: str | os.PathLike[str] | None = None,
                 weights_only: bool | None = None) -> Any:
-        datamodule = split_datamodule(dataloaders, datamodule)
-        dataloaders = None if datamodule is dataloaders else dataloaders
-        ckpt_path = default_ckpt_path(self, "predict", model, ckpt_path)
-        output = launch(self, "predict", model, dict(dataloaders=dataloaders, datamodule=datamodule,
-                                                     ckpt_path=ckpt_path, return_predictions=return_predictions,
-                                                     weights_only=weights_only))
+        dataloaders, datamodule = split_datamodule(dataloaders, datamodule)
+        output = launch(self, stage_request(self, "predict", model, {"predict": dataloaders}, datamodule, ckpt_path,
+                                            weights_only, return_predictions=return_predictions))
         return output if return_predictions is not False else None
 
-    def _evaluate_entry(self, stage: str, model: nn.Module | None, dataloaders: Any, ckpt_path: str | None,
-                        verbose: bool, datamodule: Any, weights_only: bool | None) -> list[dict[str, float]]:
-        datamodule = split_datamodule(dataloaders, datamodule)
-        dataloaders = None if datamodule is dataloaders else dataloaders
-        ckpt_path = default_ckpt_path(self, stage, model, ckpt_path)
-        return launch(self, stage, model, dict(dataloaders=dataloaders, datamodule=datamodule, ckpt_path=ckpt_path,
-                                               verbose=verbose, weights_only=weights_only))
+    def _evaluate_entry(self, stage: str, model: nn.Module | None, dataloaders: Any,
+                        ckpt_path: str | os.PathLike[str] | None, verbose: bool, datamodule: Any,
+                        weights_only: bool | None) -> list[dict[str, float]]:
+        dataloaders, datamodule = split_datamodule(dataloaders, datamodule)
+        return launch(self, stage_request(self, stage, model, {stage: dataloaders}, datamodule, ckpt_path,
+                                          weights_only, verbose=verbose))
 
     # ------------------------------------------------------------------ used by loops and callbacks
     def save_checkpoint(self, filepath: str | os.PathLike[str], weights_only: bool = False,
@@ -221,7 +220,7 @@ class Trainer:
         if storage_options is not None:
             raise TypeError("save_checkpoint(storage_options=...) is not supported: our checkpoint I/O writes local "
                             "files; pass a CheckpointIO to the strategy to write elsewhere.")
-        self.fit_run.nonfinite_watch.check(self)  # never save weights a non-finite step has already spoiled
+        self.fit_run.nonfinite_watch.check(self.strategy)  # never save weights a non-finite step has already spoiled
         with self.profiler.profile("save_checkpoint"):
             module = self.strategy.unwrap(self.lightning_module)
             checkpoint = build_checkpoint(self, module, weights_only)
@@ -296,7 +295,7 @@ class Trainer:
 
     @property
     def predict_loop(self) -> PredictLoopView:
-        """What prediction writers read of the current (or latest) predict run (see loops/prediction_run.py)."""
+        """What prediction writers read of the current (or latest) predict run (see trainer/prediction_run.py)."""
         return PredictLoopView(self.prediction_run)
 
     @property
@@ -368,7 +367,7 @@ class Trainer:
 
     @property
     def enable_validation(self) -> bool:
-        return self.data.val_defined(self) and self.limit_val_batches != 0
+        return self.data.val_defined(self.datamodule, self.lightning_module) and self.limit_val_batches != 0
 
     train_dataloader = _read_only("data.train_dataloader")
     val_dataloaders = _read_only("data.val_dataloaders")
@@ -403,3 +402,8 @@ class Trainer:
         copy.data = DataSources()
         copy.data.counts = self.data.counts
         return copy.__dict__
+
+
+if TYPE_CHECKING:  # mypy: the Trainer keeps its contract (trainer/contract.py, what callbacks are typed against)
+    def _trainer_keeps_the_contract(trainer: Trainer) -> TrainerContract:
+        return trainer

@@ -15,13 +15,12 @@ from typing import Any
 
 import torch
 
+from trainer.checkpoint_choice import checkpoint_candidates
 from trainer.contract import TrainerContract
 
 
 def resolve_last_checkpoint(dirpath: str | os.PathLike[str] | None) -> str | None:
     """The newest `*.ckpt` in `dirpath` (what `fit(ckpt_path="last")` tries first), or None."""
-    from trainer.checkpointing import checkpoint_candidates
-
     candidates = checkpoint_candidates(None if dirpath is None else os.fspath(dirpath))
     return candidates[0] if candidates else None
 

@@ -81,6 +81,14 @@ class CallbackList:
             before_monitoring()
         self.call_callbacks(hook, trainer, module, monitoring=True)
 
+    def add_module_callbacks(self, extra: Sequence[Any]) -> None:
+        """The module's `configure_callbacks()`: each replaces the Trainer's callbacks of its type (Lightning's
+        rule), the rest are added; checkpointing stays last."""
+        adopted = [adopt_callback(callback) for callback in extra]
+        replaced = {type(callback) for callback in adopted}
+        kept = [c for c in self.callbacks if type(c) not in replaced and c not in adopted]
+        self.callbacks[:] = checkpoints_last(kept + adopted)
+
     def lend_logging(self, module: nn.Module) -> None:
         """`self.log(...)` / `self.log_dict(...)` inside a callback hook log through the module, as in
         Lightning (the values count as logged from that hook), for one stage. A callback's own `log`

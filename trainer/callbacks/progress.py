@@ -17,8 +17,8 @@ from typing_extensions import override
 
 from trainer.callbacks.base import Callback
 from trainer.callbacks.telemetry import TelemetryMonitor
-from trainer.loops.fit_loop import validates_in_epoch
 from trainer.contract import TrainerContract
+from trainer.schedule import validates_in_epoch
 
 # A terminal redraws the bar's metrics at most this often: reading them waits for the device.
 _POSTFIX_INTERVAL_S = 0.1

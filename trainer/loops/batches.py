@@ -1,5 +1,5 @@
-"""How many batches a stage runs (limit_*_batches, fast_dev_run), device placement, and
-stopping together on uneven training data.
+"""A stage's batches: iterated up to its limit (counted in trainer/batch_counts.py), placed on the device,
+and stopping together on uneven training data.
 
 Uneven inputs (Join-style): a training loader over an `IterableDataset` cannot be padded, so
 ranks may hold different numbers of batches, and a rank that runs out would leave its peers
@@ -18,7 +18,7 @@ from typing import Any, TYPE_CHECKING
 import torch
 from torch.utils.data import IterableDataset
 
-from trainer.combined_loader import CombinedLoader
+from trainer.batch_counts import members, num_batches
 from trainer.data_sources import overrides
 from trainer.precision import move_to_device
 from trainer.profiler import is_profiling
@@ -27,37 +27,7 @@ from trainer.loops.step_iterator import takes_dataloader_iter
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
-_EVAL_STAGES = ("validate", "test", "predict")
 _EXHAUSTED = object()  # "this rank has no batch left"
-
-_LIMIT_ATTR = {"train": "limit_train_batches", "validate": "limit_val_batches",
-               "test": "limit_test_batches", "predict": "limit_predict_batches"}
-
-
-def num_batches(trainer: Trainer, loader: Any, stage: str) -> int:
-    """Batches per epoch after `limit_*_batches` (a float is a fraction, an int a count)."""
-    limit = getattr(trainer, _LIMIT_ATTR[stage])
-    try:
-        available = len(loader)
-    except (TypeError, NotImplementedError):  # no length (an iterable dataset): an int limit bounds it
-        return _unsized_limit(limit, stage)
-    if isinstance(limit, float):
-        limited = int(available * limit)
-        # Evaluation shards may differ by a batch: never let a fraction round one rank down to
-        # no batch at all, or it would skip the stage (and its epoch-end sync) alone.
-        return max(limited, 1) if stage in _EVAL_STAGES and limit > 0 and available > 0 else limited
-    return min(available, int(limit))
-
-
-def _unsized_limit(limit: int | float, stage: str) -> int:
-    """-1 (until the loader ends) or a batch count; a fraction of a loader without a length means nothing."""
-    if isinstance(limit, int):
-        return limit
-    if limit in (0.0, 1.0):
-        return 0 if limit == 0.0 else -1
-    raise ValueError(f"{_LIMIT_ATTR[stage]}={limit} is a fraction of the batches, but the {stage} dataloader has no "
-                     "length (an IterableDataset, or __len__ not implemented): use 1.0 (all of it), 0.0 (none) or an "
-                     "int number of batches.")
 
 
 def iterate_limited(trainer: Trainer, loader: Any, stage: str, skip: int = 0,
@@ -172,11 +142,6 @@ def _may_be_uneven(loader: Any) -> bool:
     """Iterable-style data has no indices to pad, so its per-rank lengths are not ours to equalise."""
     return any(isinstance(getattr(member, "dataset", None), IterableDataset) or not hasattr(member, "__len__")
                for member in members(loader))
-
-
-def members(loader: Any) -> list[Any]:
-    """The loaders behind one entry of a stage (several for a CombinedLoader)."""
-    return loader.flattened if isinstance(loader, CombinedLoader) else [loader]
 
 
 def open_loader(loader: Iterable[Any]) -> Iterator[Any]:

@@ -30,10 +30,11 @@ from torch import nn
 
 from trainer.combined_loader import CombinedLoader
 from trainer.data_sources import as_counts, overrides
-from trainer.loops.batches import iterate_limited, num_batches, set_sampler_epoch
+from trainer.batch_counts import num_batches
+from trainer.loops.batches import iterate_limited, set_sampler_epoch
 from trainer.loops.metric_writes import write_eval_step_metrics, write_logger_metrics
 from trainer.loops.signatures import check_eval_signatures
-from trainer.loops.prediction_run import PredictionRun
+from trainer.prediction_run import PredictionRun
 from trainer.loops.step_iterator import StepIterator, takes_dataloader_iter
 from trainer.loops.training_step import takes_batch_idx
 from trainer.module_adapter import set_current_hook

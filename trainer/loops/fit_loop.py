@@ -23,18 +23,17 @@ from torch import nn
 
 from strategies.rank_zero import rank_zero_info, rank_zero_warn
 from trainer.data_sources import INFINITE, unlimited_if_negative
-from trainer.loops.batches import iterate_limited, num_batches, open_loader, set_sampler_epoch
+from trainer.batch_counts import num_batches
+from trainer.loops.batches import iterate_limited, open_loader, set_sampler_epoch
 from trainer.loops.signatures import check_training_signature
 from trainer.loops.step_iterator import StepIterator, takes_dataloader_iter
 from trainer.loops.evaluation import has_step, run_evaluation, run_sanity_check
 from trainer.loops.metric_writes import write_logger_metrics
 from trainer.loops.preemption import stop_if_preempted
 from trainer.loops.resume import ResumePoint
-from trainer.loops.schedule import (can_stop_early, check_val_interval, fit_done, max_steps_reached, time_is_up,
-                                    validates_in_epoch, validation_due)
 from trainer.loops.training_step import run_training_batch, step_schedulers
-
-__all__ = ["run_fit", "validates_in_epoch"]
+from trainer.schedule import (can_stop_early, check_val_interval, fit_done, max_steps_reached, time_is_up,
+                              validates_in_epoch, validation_due)
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -89,7 +88,7 @@ def run_fit(trainer: Trainer, module: nn.Module, resume: ResumePoint) -> None:
         progress.batch_in_epoch = progress.samples_in_epoch = 0
         if not fit_done(trainer):
             stop_if_preempted(trainer)  # between two epochs
-    run.nonfinite_watch.check(trainer)
+    run.nonfinite_watch.check(trainer.strategy)
     callbacks.call("on_train_end", trainer, module)
 
 
@@ -97,7 +96,8 @@ def _should_sanity_check(trainer: Trainer, module: nn.Module) -> bool:
     """Lightning runs `num_sanity_val_steps` validation batches before training, to fail fast on a
     broken validation_step; a resume mid-epoch skips it."""
     return (trainer.num_sanity_val_steps != 0 and trainer.limit_val_batches != 0 and has_step(module, "validate")
-            and trainer.data.val_defined(trainer) and trainer.progress.batch_in_epoch == 0)
+            and trainer.data.val_defined(trainer.datamodule, trainer.lightning_module)
+            and trainer.progress.batch_in_epoch == 0)
 
 
 def _request_train_loader(trainer: Trainer, reload: bool = False) -> Any:
@@ -213,7 +213,7 @@ def _run_epoch(trainer: Trainer, module: nn.Module, train_loader: Any, batches: 
     if total == INFINITE and not stopped and last_idx >= 0 \
             and _should_validate(trainer, last_idx, module, epoch_ended=True):
         run_evaluation(trainer, module, trainer.data.loaders.get("validate", []), "validate")
-    run.nonfinite_watch.check(trainer)
+    run.nonfinite_watch.check(trainer.strategy)
     # The epoch's aggregates are published three times, each for a reader of them: before the callbacks'
     # on_train_epoch_end (they read what the steps logged), again between the module's own hook and the
     # monitoring callbacks (the module may log there; checkpointing and early stopping must see it), and
@@ -248,7 +248,7 @@ def _log_step(trainer: Trainer, module: nn.Module, window_end: bool) -> None:
         return
     every = trainer.log_every_n_steps
     if every and ((trainer.progress.stepped_batches + 1) % every == 0 or trainer.should_stop):
-        trainer.fit_run.nonfinite_watch.check(trainer)  # values are read from the device here anyway
+        trainer.fit_run.nonfinite_watch.check(trainer.strategy)  # values are read from the device here anyway
         write_logger_metrics(trainer)
     else:
         trainer.metric_store.drop_logger_metrics()

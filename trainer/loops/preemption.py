@@ -9,24 +9,19 @@ there is a position the loop already knows how to resume from exactly: nothing i
 The checkpoint is `<default_root_dir>/preempted.ckpt` (Lightning keeps its SLURM checkpoints in
 default_root_dir too): independent of the logger's version folders, so a requeued run finds it. It
 names the run it belongs to (the module's class and hyperparameters): a fit of another model, or
-of the same model with other hyperparameters (a sweep sharing the directory), does not resume it.
+of the same model with other hyperparameters (a sweep sharing the directory), does not resume it
+(trainer/checkpoint_choice.py chooses it).
 """
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 from strategies.rank_zero import rank_zero_info
+from trainer.checkpoint_choice import preemption_checkpoint_path
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
-
-PREEMPTION_CHECKPOINT = "preempted.ckpt"
-
-
-def preemption_checkpoint_path(trainer: Trainer) -> str:
-    return os.path.join(str(trainer.default_root_dir), PREEMPTION_CHECKPOINT)
 
 
 def stop_if_preempted(trainer: Trainer) -> None:
@@ -48,23 +43,3 @@ def stop_if_preempted(trainer: Trainer) -> None:
     rank_zero_info(f"Preempted by {watch.signal_name}: every rank stopped after step {trainer.global_step}; "
                    f"checkpoint written to {path}. The next fit in this directory resumes from it.")
     raise watch.stopped(trainer.global_step, path)
-
-
-def default_resume_candidates(trainer: Trainer) -> str | None:
-    """A fit without `ckpt_path`, in a directory holding a preemption checkpoint: resume from the newest
-    of it and the checkpoints written since (a resumed run that later crashed must not rewind)."""
-    path = preemption_checkpoint_path(trainer)
-    if not os.path.isfile(path):
-        return None
-    rank_zero_info(f"Found the preemption checkpoint {path}: resuming from it or a newer checkpoint of this run "
-                   "(pass ckpt_path to start from another); it is removed once this fit completes.")
-    trainer.fit_run.resumed_after_preemption = True
-    return "last"
-
-
-def discard_if_consumed(trainer: Trainer) -> None:
-    """After a fit that completed a preempted run: remove its preemption checkpoint, so that a later fit
-    in the same directory does not resume a finished run."""
-    if trainer.fit_run.resumed_after_preemption:
-        trainer.strategy.remove_checkpoint(preemption_checkpoint_path(trainer))
-        trainer.fit_run.resumed_after_preemption = False

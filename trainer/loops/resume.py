@@ -1,7 +1,7 @@
 """Where a resumed fit picks up inside its first epoch, taken once from what the checkpoint restored.
 
 `restore_training_state` (trainer/checkpointing.py) loads the checkpoint's counters into the Trainer's
-progress and returns a `ResumePoint` with the rest (loader and RNG states); a fit without a checkpoint
+progress and returns the rest (loader and RNG states), which `ResumePoint.restored` takes; a fit without a checkpoint
 starts from an empty one, since a fit may also go on from where an earlier fit stopped mid-epoch. The
 fit loop settles it once the training loader is known and its first epoch gets a ready source of
 batches from it. Three ways to reach the progress' batch, cheapest first:

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from strategies.rank_zero import rank_zero_warn
+from trainer.backward import backward
 from trainer.module_adapter import automatic_optimization, set_current_hook
 from trainer.profiler import profile_strategy
 
@@ -100,18 +101,6 @@ def _normalize(loss: torch.Tensor, accumulate_grad_batches: int) -> torch.Tensor
     return loss if accumulate_grad_batches == 1 else loss / accumulate_grad_batches
 
 
-def backward(trainer: Trainer, module: nn.Module, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-    """on_before_backward -> the module's `backward` hook (the strategy reduces the gradients it
-    produces) -> on_after_backward; shared by automatic and manual optimization."""
-    callbacks, precision = trainer.callback_list, trainer.precision_plugin
-    loss = precision.scale_loss(loss)
-    callbacks.call("on_before_backward", trainer, module, loss)
-    with profile_strategy(trainer, "backward"):
-        trainer.strategy.backward(loss, run=lambda tensor: callbacks.call_module("backward", module, tensor,
-                                                                                 *args, **kwargs))
-    callbacks.call("on_after_backward", trainer, module)
-
-
 def training_step(trainer: Trainer, module: nn.Module, batch: Any, batch_idx: int) -> Any:
     previous = set_current_hook(module, "training_step")
     try:
@@ -151,7 +140,9 @@ def _optimizer_step(trainer: Trainer, module: nn.Module, batch_idx: int, optimiz
         ran.append(True)
         loss = closure()
         precision.unscale(optimizer)
-        if not trainer.fit_run.nonfinite_watch.usable(trainer, optimizer, extract_loss(closure.output)):
+        if not trainer.fit_run.nonfinite_watch.usable(
+                trainer.strategy, optimizer, extract_loss(closure.output), policy=trainer.on_nonfinite,
+                scaled=precision.scaler is not None, step=trainer.global_step, epoch=trainer.current_epoch):
             raise _SkipStep
         callbacks.call("on_before_optimizer_step", trainer, module, optimizer)
         callbacks.call_module("configure_gradient_clipping", module, optimizer,

@@ -13,20 +13,19 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from trainer.loops import nonfinite
-from trainer.loops.nonfinite import NonFiniteWatch, total_norm
+from trainer import nonfinite
+from trainer.nonfinite import NonFiniteWatch, total_norm
 
 NAN, INF = float("nan"), float("inf")
 
 
-def _trainer() -> Any:
-    strategy = SimpleNamespace(root_device=torch.device("cpu"), all_gather_ranks=lambda tensor: tensor.reshape(1, -1))
-    return SimpleNamespace(strategy=strategy)
+def _strategy() -> Any:
+    return SimpleNamespace(root_device=torch.device("cpu"), all_gather_ranks=lambda tensor: tensor.reshape(1, -1))
 
 
 def _raised(watch: NonFiniteWatch) -> str | None:
     try:
-        watch.check(_trainer())
+        watch.check(_strategy())
     except FloatingPointError as error:
         return str(error).split(":")[0] + (" loss bad" if "non-finite on rank(s) [0]" in str(error) else " loss ok")
     return None
@@ -104,16 +103,13 @@ def test_a_step_costs_the_norm_and_one_write_with_no_host_read() -> None:
     for param in params:
         param.grad = torch.randn_like(param)
     optimizer = SimpleNamespace(param_groups=[{"params": params}])
-    trainer = SimpleNamespace(on_nonfinite="error", precision_plugin=SimpleNamespace(scaler=None), current_epoch=0,
-                              global_step=0, strategy=SimpleNamespace(gradient_buffers=lambda grads: None,
-                                                                gradient_norm=lambda optimizer: None))
+    strategy = SimpleNamespace(gradient_buffers=lambda grads: None, gradient_norm=lambda optimizer: None)
     watch, loss = NonFiniteWatch(), torch.tensor(0.5)
-    watch.usable(trainer, optimizer, loss)  # the buffers are made on the first step
+    watch.usable(strategy, optimizer, loss, policy="error", scaled=False, step=0, epoch=0)  # buffers made here
     mode = _CountOps()
     with mode:
         for step in range(1, 11):
-            trainer.global_step = step
-            assert watch.usable(trainer, optimizer, loss)
+            assert watch.usable(strategy, optimizer, loss, policy="error", scaled=False, step=step, epoch=0)
     kernels = {op: count for op, count in mode.ops.items() if op not in _NO_KERNEL}
     # the norm (foreach norm, stack, vector norm) and one stack into the buffer; no read (_local_scalar_dense)
     assert kernels == {"_foreach_norm": 10, "stack": 20, "linalg_vector_norm": 10}

@@ -25,12 +25,9 @@ the same first bad step and raises at the same point; naming the culprits is one
 from __future__ import annotations
 
 import warnings
-from typing import Any, TYPE_CHECKING
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:
-    from trainer.trainer import Trainer
 
 _NONE = -1
 _ROWS = 256  # steps buffered on the device between folds (bounded memory when nothing reads sooner)
@@ -45,23 +42,25 @@ class NonFiniteWatch:
         self._filled = 0
         self._run_start = (0, 0)  # (step, epoch) of row 0
 
-    def usable(self, trainer: Trainer, optimizer: Any, loss: torch.Tensor | None) -> bool:
-        """Whether the optimizer may step now (False only under "skip"); `loss` is this rank's."""
-        if trainer.on_nonfinite == "ignore" or trainer.precision_plugin.scaler is not None:
+    def usable(self, strategy: Any, optimizer: Any, loss: torch.Tensor | None, *, policy: str, scaled: bool,
+               step: int, epoch: int) -> bool:
+        """Whether the optimizer may step now (False only under "skip"); `loss` is this rank's, `policy` the
+        Trainer's `on_nonfinite`, `scaled` whether a GradScaler scales the loss, (`step`, `epoch`) where the fit is."""
+        if policy == "ignore" or scaled:
             return True
-        norm = trainer.strategy.gradient_norm(optimizer)  # ZeRO: across the ranks' shards (a collective)
+        norm = strategy.gradient_norm(optimizer)  # ZeRO: across the ranks' shards (a collective)
         if norm is None:
             grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
             if not grads:
                 return True
-            norm = total_norm(trainer.strategy.gradient_buffers(grads) or grads)
-        if trainer.on_nonfinite == "skip":
+            norm = total_norm(strategy.gradient_buffers(grads) or grads)
+        if policy == "skip":
             if bool(torch.isfinite(norm)):
                 return True
-            warnings.warn(f"step {trainer.global_step}: non-finite gradients, optimizer step skipped "
+            warnings.warn(f"step {step}: non-finite gradients, optimizer step skipped "
                           "(on_nonfinite='skip').", stacklevel=3)
             return False
-        self.record(trainer.global_step, trainer.current_epoch, norm, loss)
+        self.record(step, epoch, norm, loss)
         return True
 
     def record(self, step: int, epoch: int, norm: torch.Tensor, loss: torch.Tensor | None) -> None:
@@ -98,16 +97,16 @@ class NonFiniteWatch:
         self._first_bad = torch.where(first_bad_here, now, self._first_bad)
         self._filled = 0
 
-    def check(self, trainer: Trainer) -> None:
-        """Raise if a step so far had non-finite gradients. Every rank calls it at the same point."""
+    def check(self, strategy: Any) -> None:
+        """Raise if a step so far had non-finite gradients. Every rank calls it at the same point (naming the
+        ranks whose loss was non-finite is one all-gather over `strategy`)."""
         self._fold()
         if self._first_bad is None:
             return
         step, epoch, loss_finite = self._first_bad.tolist()  # the host waits for the device here only
         if step == _NONE:
             return
-        flags = trainer.strategy.all_gather_ranks(torch.tensor([float(loss_finite)],
-                                                               device=trainer.strategy.root_device))
+        flags = strategy.all_gather_ranks(torch.tensor([float(loss_finite)], device=strategy.root_device))
         culprits = [rank for rank, flag in enumerate(flags.flatten().tolist()) if flag == 0.0]
         where = f"the loss was non-finite on rank(s) {culprits}" if culprits else "every rank's loss was finite"
         raise FloatingPointError(f"step {step}, epoch {epoch}: gradients are NaN/inf after the reduction; {where}. "
