@@ -177,6 +177,12 @@ class SharedMemoryAllReduce:
 
     # ------------------------------------------------------------------ worker thread
     def _serve(self) -> None:
+        # One intra-op thread here. A new thread starts with the rank's own count (8 on a 16-core host
+        # with 2 ranks), so every copy and add of a round would start a second OpenMP team beside the one
+        # backward is computing with, twice the rank's share of the cores, spinning between rounds: the cnn
+        # ran at 0.43x torch DDP that way (benchmarks/results/gpu_h100_r5). gloo's reductions are one thread
+        # too, and a round is bounded by memory, not by arithmetic. The setting is this thread's alone.
+        torch.set_num_threads(1)
         while True:
             item = self._queue.get()
             if item is None:
