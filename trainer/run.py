@@ -144,7 +144,7 @@ def _run_entry(trainer: Trainer, module: nn.Module, stage: str, request: StageRe
         _start_from_checkpoint(trainer, module, stage, request.checkpoint)
         _log_hyperparams(trainer, module)
         module.zero_grad()
-        loaders = trainer.data.request(trainer, "predict") if trainer.limit_predict_batches != 0 else []
+        loaders = trainer.data.request("predict", trainer.loader_source()) if trainer.limit_predict_batches != 0 else []
         run = PredictionRun.start(loaders, trainer.callbacks, request.return_predictions is not False)
         trainer.prediction_run = run  # what prediction writers read through trainer.predict_loop
         output = run_predict(trainer, module, run)
@@ -215,7 +215,7 @@ def _evaluate(trainer: Trainer, module: nn.Module, stage: str, ckpt: CheckpointR
     _log_hyperparams(trainer, module)
     module.zero_grad()
     limit = trainer.limit_val_batches if stage == "validate" else trainer.limit_test_batches
-    loaders = trainer.data.request(trainer, stage) if limit != 0 else []
+    loaders = trainer.data.request(stage, trainer.loader_source()) if limit != 0 else []
     results = run_evaluation(trainer, module, loaders, stage)
     _finalize_loggers(trainer, "success")
     if verbose and results and any(results) and trainer.is_global_zero:

@@ -63,7 +63,7 @@ def run_sanity_check(trainer: Trainer, module: nn.Module) -> None:
     saved_rng = rng_states(trainer.strategy.root_device.type)
     trainer.state.stage = "sanity_check"
     callbacks.call_callbacks("on_sanity_check_start", trainer, module)
-    loaders = trainer.data.request(trainer, "validate", required=False)
+    loaders = trainer.data.request("validate", trainer.loader_source(), required=False)
     steps = trainer.num_sanity_val_steps
     full = [num_batches(trainer, loader, "validate") for loader in loaders]
     trainer.data.counts.set_val(trainer.state.fn, full)

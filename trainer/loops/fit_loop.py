@@ -102,7 +102,8 @@ def _should_sanity_check(trainer: Trainer, module: nn.Module) -> bool:
 
 def _request_train_loader(trainer: Trainer, reload: bool = False) -> Any:
     loaders = trainer.data.loaders.get("train") if not reload else None  # configure_optimizers may have asked
-    loaders = loaders or trainer.data.request(trainer, "train")  # one entry: a loader or a CombinedLoader
+    # one entry: a loader or a CombinedLoader
+    loaders = loaders or trainer.data.request("train", trainer.loader_source())
     trainer.data.counts.train = unlimited_if_negative(num_batches(trainer, loaders[0], "train"))
     trainer.fit_run.train_loader_epoch = trainer.current_epoch
     return loaders[0]
@@ -110,7 +111,7 @@ def _request_train_loader(trainer: Trainer, reload: bool = False) -> Any:
 
 def _request_val_loaders(trainer: Trainer, module: nn.Module) -> None:
     if "validate" not in trainer.data.loaders and has_step(module, "validate") and trainer.enable_validation:
-        trainer.data.request(trainer, "validate", required=False)
+        trainer.data.request("validate", trainer.loader_source(), required=False)
     loaders = trainer.data.loaders.get("validate", []) if has_step(module, "validate") else []
     trainer.data.counts.set_val(trainer.state.fn, [num_batches(trainer, loader, "validate") for loader in loaders])
 
