@@ -25,13 +25,14 @@ from trainer.callbacks.dispatch import is_early_stopping, is_progress_bar
 from trainer.checkpointing import build_checkpoint
 from trainer.contract import TrainerContract
 from trainer.logged_metrics import MetricStore
-from trainer.data_sources import DataSources, LoaderSource
+from trainer.data_sources import DataSources
 from trainer.lightning_views import FitLoopView, LoggerConnectorView, PredictLoopView
 from trainer.optimizers import LRSchedulerConfig
 from trainer.profiler import resolve_profiler
 from trainer.precision import Precision
 from trainer.prediction_run import PredictionRun
 from trainer.schedule import settled_max_epochs, stepping_batches, validation_every
+from trainer.stage import Stage
 from trainer.launch import launch, split_datamodule, stage_request
 from trainer.state import FitProgress, FitRun, TrainerStatus
 from trainer.validation import apply_backend_flags, defaults_from_env, resolve_trainer_args
@@ -380,16 +381,8 @@ class Trainer:
         which requests the training loader early to count it, as Lightning does)."""
         per_epoch = self.num_training_batches
         if per_epoch == float("inf") and self.state.fn == "fit" and self.lightning_module is not None:
-            per_epoch = self.data.count_training_batches(self.loader_source(), self.limit_train_batches)
+            per_epoch = self.data.count_training_batches(Stage.of(self).loader_source(), self.limit_train_batches)
         return stepping_batches(self, per_epoch)
-
-    def loader_source(self) -> LoaderSource:
-        """What the data sources request a stage's loaders from, read now (the module the strategy set up,
-        the settings as a tuner or callback left them)."""
-        return LoaderSource(strategy=self.strategy, datamodule=self.datamodule, module=self.lightning_module,
-                            call_module_hook=self.callback_list.call_module,
-                            distributed_sampler=self.use_distributed_sampler,
-                            overfit=bool(self.overfit_batches) and self.state.fn == "fit")
 
     # Lightning's stage flags: which loop runs now (trainer.state.stage); setting one True starts it.
     training = _stage_flag("train")

@@ -30,6 +30,7 @@ from torch import nn
 
 from trainer.combined_loader import CombinedLoader
 from trainer.data_sources import as_counts, overrides
+from trainer.stage import Stage
 from trainer.batch_counts import num_batches
 from trainer.loops.batches import iterate_limited, set_sampler_epoch
 from trainer.loops.metric_writes import write_eval_step_metrics, write_logger_metrics
@@ -63,7 +64,7 @@ def run_sanity_check(trainer: Trainer, module: nn.Module) -> None:
     saved_rng = rng_states(trainer.strategy.root_device.type)
     trainer.state.stage = "sanity_check"
     callbacks.call_callbacks("on_sanity_check_start", trainer, module)
-    loaders = trainer.data.request("validate", trainer.loader_source(), required=False)
+    loaders = trainer.data.request("validate", Stage.of(trainer).loader_source(), required=False)
     steps = trainer.num_sanity_val_steps
     full = [num_batches(trainer, loader, "validate") for loader in loaders]
     trainer.data.counts.set_val(trainer.state.fn, full)
@@ -128,7 +129,7 @@ def _evaluate_loaders(trainer: Trainer, module: nn.Module, loaders: list[Any], s
     callbacks.call(f"on_{prefix}_epoch_end", trainer, module)
     store.compute_epoch(stage, with_loaders=not sanity)
     results = [store.stage_results(stage, idx if len(loaders) > 1 else None) for idx in range(len(loaders))]
-    write_logger_metrics(trainer)
+    write_logger_metrics(Stage.of(trainer))
     callbacks.call(f"on_{prefix}_end", trainer, module)
     store.reset_metric_objects(stage)
     _restore_train_mode(callbacks, module, prefix, modes)
@@ -147,7 +148,8 @@ def _run_batches(trainer: Trainer, module: nn.Module, loaders: list[Any], stage:
     for loader_idx, (loader, limit) in enumerate(zip(loaders, counts)):
         store.dataloader_idx = loader_idx if len(loaders) > 1 else None
         extra = (loader_idx,) if len(loaders) > 1 else ()
-        for batch_idx, batch in iterate_limited(trainer, loader, stage, dataloader_idx=loader_idx, limit=limit):
+        batches = iterate_limited(Stage.of(trainer), loader, stage, dataloader_idx=loader_idx, limit=limit)
+        for batch_idx, batch in batches:
             callbacks.call(f"on_{prefix}_batch_start", trainer, module, batch, batch_idx, *extra)
             output = _step(trainer, module, step_name, batch, batch_idx, extra)
             count.batch_done(loader_idx == len(loaders) - 1 and batch_idx + 1 == limit)
@@ -164,7 +166,7 @@ def _run_batches(trainer: Trainer, module: nn.Module, loaders: list[Any], stage:
 def _write_step_metrics(trainer: Trainer, stage: str, loader_idx: int) -> None:
     """This batch's step values go to the loggers at the count of batches this loader has run."""
     seen = trainer.data.seen_batches.get((stage, loader_idx), 0)
-    write_eval_step_metrics(trainer, seen)
+    write_eval_step_metrics(Stage.of(trainer), seen)
     trainer.data.seen_batches[(stage, loader_idx)] = seen + 1
 
 
@@ -181,8 +183,8 @@ def _run_fetching_steps(trainer: Trainer, module: nn.Module, loaders: list[Any],
     several = len(loaders) > 1
     steps = StepIterator((batch_idx, batch, loader_idx)
                          for loader_idx, (loader, limit) in enumerate(zip(loaders, counts))
-                         for batch_idx, batch in iterate_limited(trainer, loader, stage, dataloader_idx=loader_idx,
-                                                                 limit=limit))
+                         for batch_idx, batch in iterate_limited(Stage.of(trainer), loader, stage,
+                                                                 dataloader_idx=loader_idx, limit=limit))
     previous_loader = 0
     while steps.has_more():
         batch, batch_idx, loader_idx = steps.last

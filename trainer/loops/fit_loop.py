@@ -23,6 +23,7 @@ from torch import nn
 
 from strategies.rank_zero import rank_zero_info, rank_zero_warn
 from trainer.data_sources import INFINITE, unlimited_if_negative
+from trainer.stage import Stage
 from trainer.batch_counts import num_batches
 from trainer.loops.batches import iterate_limited, open_loader, set_sampler_epoch
 from trainer.loops.signatures import check_training_signature
@@ -80,14 +81,15 @@ def run_fit(trainer: Trainer, module: nn.Module, resume: ResumePoint) -> None:
             batches, train_loader = None, reloaded
         if batches is None:  # the epoch's sampler epoch first: a loader's workers read indices at once
             set_sampler_epoch(train_loader, progress.current_epoch)
-            batches = resume.open(trainer, train_loader) if resuming else iterate_limited(trainer, train_loader, "train")
+            batches = (resume.open(trainer, train_loader) if resuming
+                       else iterate_limited(Stage.of(trainer), train_loader, "train"))
         with trainer.profiler.profile("run_training_epoch"):
             _run_epoch(trainer, module, train_loader, batches)
         batches, resuming, run.restarting = None, False, False
         progress.current_epoch += 1
         progress.batch_in_epoch = progress.samples_in_epoch = 0
         if not fit_done(trainer):
-            stop_if_preempted(trainer)  # between two epochs
+            stop_if_preempted(Stage.of(trainer))  # between two epochs
     run.nonfinite_watch.check(trainer.strategy)
     callbacks.call("on_train_end", trainer, module)
 
@@ -103,7 +105,7 @@ def _should_sanity_check(trainer: Trainer, module: nn.Module) -> bool:
 def _request_train_loader(trainer: Trainer, reload: bool = False) -> Any:
     loaders = trainer.data.loaders.get("train") if not reload else None  # configure_optimizers may have asked
     # one entry: a loader or a CombinedLoader
-    loaders = loaders or trainer.data.request("train", trainer.loader_source())
+    loaders = loaders or trainer.data.request("train", Stage.of(trainer).loader_source())
     trainer.data.counts.train = unlimited_if_negative(num_batches(trainer, loaders[0], "train"))
     trainer.fit_run.train_loader_epoch = trainer.current_epoch
     return loaders[0]
@@ -111,7 +113,7 @@ def _request_train_loader(trainer: Trainer, reload: bool = False) -> Any:
 
 def _request_val_loaders(trainer: Trainer, module: nn.Module) -> None:
     if "validate" not in trainer.data.loaders and has_step(module, "validate") and trainer.enable_validation:
-        trainer.data.request("validate", trainer.loader_source(), required=False)
+        trainer.data.request("validate", Stage.of(trainer).loader_source(), required=False)
     loaders = trainer.data.loaders.get("validate", []) if has_step(module, "validate") else []
     trainer.data.counts.set_val(trainer.state.fn, [num_batches(trainer, loader, "validate") for loader in loaders])
 
@@ -147,7 +149,7 @@ def _open_first_epoch(trainer: Trainer, train_loader: Any) -> Iterator[tuple[int
         open_loader(train_loader)  # drawn and dropped, as Lightning's; the epoch sets its sampler and opens anew
         return None
     set_sampler_epoch(train_loader, trainer.current_epoch)  # before: a loader's workers read indices at once
-    return iterate_limited(trainer, train_loader, "train", opened=open_loader(train_loader))
+    return iterate_limited(Stage.of(trainer), train_loader, "train", opened=open_loader(train_loader))
 
 
 def _run_epoch(trainer: Trainer, module: nn.Module, train_loader: Any, batches: Iterator[tuple[int, Any]]) -> None:
@@ -209,7 +211,7 @@ def _run_epoch(trainer: Trainer, module: nn.Module, train_loader: Any, batches: 
             stopped = True
             break
         if window_end and not run.is_last_batch:  # an epoch's last batch: its end hooks run first
-            stop_if_preempted(trainer)
+            stop_if_preempted(Stage.of(trainer))
     completed = last_idx + 1 == total or (not stopped and last_idx >= 0)
     if total == INFINITE and not stopped and last_idx >= 0 \
             and _should_validate(trainer, last_idx, module, epoch_ended=True):
@@ -226,7 +228,7 @@ def _run_epoch(trainer: Trainer, module: nn.Module, train_loader: Any, batches: 
     store.reset_metric_objects("train")
     if completed:
         step_schedulers(trainer, module, "epoch", plateau=True)
-    write_logger_metrics(trainer, step=max(0, state.stepped_batches - 1))
+    write_logger_metrics(Stage.of(trainer), step=max(0, state.stepped_batches - 1))
     store.reset_stage("train")  # the next epoch aggregates afresh (what on_train_start logged counted in the first)
 
 
@@ -250,7 +252,7 @@ def _log_step(trainer: Trainer, module: nn.Module, window_end: bool) -> None:
     every = trainer.log_every_n_steps
     if every and ((trainer.progress.stepped_batches + 1) % every == 0 or trainer.should_stop):
         trainer.fit_run.nonfinite_watch.check(trainer.strategy)  # values are read from the device here anyway
-        write_logger_metrics(trainer)
+        write_logger_metrics(Stage.of(trainer))
     else:
         trainer.metric_store.drop_logger_metrics()
 

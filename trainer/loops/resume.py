@@ -25,6 +25,7 @@ from strategies.rank_zero import rank_zero_info, rank_zero_warn
 from trainer.checkpoint_loops import restore_loader_states
 from trainer.loops.batches import iterate_limited
 from trainer.seed import restore_rank_rng_states
+from trainer.stage import Stage
 
 if TYPE_CHECKING:
     from trainer.state import FitProgress
@@ -81,7 +82,7 @@ class ResumePoint:
                            "again and discarded. That reproduces the interrupted run only if it yields the same "
                            "batches in the same order (a seeded sampler does; a stream may not). Resume from an "
                            "end-of-epoch checkpoint, or give the dataloader state_dict()/load_state_dict().")
-        return iterate_limited(trainer, loader, "train", skip=skip, start_at=start_at,
+        return iterate_limited(Stage.of(trainer), loader, "train", skip=skip, start_at=start_at,
                                on_resumed=lambda: self._restore_rng(trainer))
 
     def _restore_rng(self, trainer: Trainer) -> None:
