@@ -148,7 +148,7 @@ def _run_entry(trainer: Trainer, parts: Stage, module: nn.Module, stage: str, re
         loaders = parts.data.request("predict", parts.loader_source()) if parts.live.limit_predict_batches != 0 else []
         run = PredictionRun.start(loaders, trainer.callbacks, request.return_predictions is not False)
         trainer.prediction_run = run  # what prediction writers read through trainer.predict_loop
-        output = run_predict(trainer, module, run)
+        output = run_predict(parts, module, run)
         _finalize_loggers(trainer, "success")
         return output
     return _evaluate(trainer, parts, module, stage, request.checkpoint, request.verbose)
@@ -217,7 +217,7 @@ def _evaluate(trainer: Trainer, parts: Stage, module: nn.Module, stage: str, ckp
     module.zero_grad()
     limit = parts.live.limit_val_batches if stage == "validate" else parts.live.limit_test_batches
     loaders = parts.data.request(stage, parts.loader_source()) if limit != 0 else []
-    results = run_evaluation(trainer, module, loaders, stage)
+    results = run_evaluation(parts, module, loaders, stage)
     _finalize_loggers(trainer, "success")
     if verbose and results and any(results) and trainer.is_global_zero:
         print_results(stage, results)

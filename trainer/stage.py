@@ -6,7 +6,9 @@ run.py builds one `Stage` per stage, once the strategy has set the module up. It
   change, the Trainer reports, and what a callback changes on the Trainer, the loops see);
 * `fixed`: the settings Lightning keeps private or read-only for a Trainer's life, as one frozen record;
 * `live`: the settings a user, a callback or the tuner may change while the stage runs (limits,
-  `max_epochs`, `accumulate_grad_batches`, ...: plain attributes of Lightning's Trainer), read when used;
+  `accumulate_grad_batches`, ...: plain attributes of Lightning's Trainer), read when used;
+* `attached`: what the stage attaches to the Trainer as it runs (the set-up module, the optimizers), read
+  when used;
 * `trainer`: the Trainer typed as its contract (trainer/contract.py), only to hand to user hooks.
 
 A leaf: it imports no loop, and knows the Trainer only through protocols (`StageOwner` extends the
@@ -59,15 +61,45 @@ class LiveSettings(Protocol):
     """The Trainer's settings that may change while a stage runs (the tuner sets the limits, a callback
     `accumulate_grad_batches` or `num_sanity_val_steps`): read at the point of use."""
 
-    limit_train_batches: int | float
-    limit_val_batches: int | float
-    limit_test_batches: int | float
-    limit_predict_batches: int | float
-    overfit_batches: int | float
-    num_sanity_val_steps: int
+    @property
+    def limit_train_batches(self) -> int | float: ...
+    @property
+    def limit_val_batches(self) -> int | float: ...
+    @property
+    def limit_test_batches(self) -> int | float: ...
+    @property
+    def limit_predict_batches(self) -> int | float: ...
+    @property
+    def overfit_batches(self) -> int | float: ...
+    @property
+    def num_sanity_val_steps(self) -> int: ...
+    @property
+    def accumulate_grad_batches(self) -> int: ...  # GradientAccumulationScheduler sets it as each epoch starts
+    @property
+    def gradient_clip_val(self) -> float | None: ...
+    @property
+    def gradient_clip_algorithm(self) -> str | None: ...
 
 
-class StageOwner(TrainerContract, LiveSettings, Protocol):
+class Attached(Protocol):
+    """What a stage attaches to the Trainer while it runs (the module the strategy set up, configure_optimizers'
+    results) or a hook may replace (`trainer.logger = ...`): read when used."""
+
+    @property
+    def lightning_module(self) -> nn.Module | None: ...
+    @property
+    def datamodule(self) -> Any: ...
+    @property
+    def loggers(self) -> list[Any]: ...
+    @property
+    def optimizers(self) -> list[Any]: ...
+    @property
+    def wrapped_optimizers(self) -> list[Any]: ...
+    @property
+    def lr_scheduler_configs(self) -> list[Any]: ...
+
+
+class StageOwner(TrainerContract, LiveSettings, Attached, Protocol):
     """What a Stage is built from: the Trainer (mypy checks it, trainer/trainer.py), its parts and settings."""
 
     @property
@@ -112,6 +144,7 @@ class Stage:
     profiler: Any
     fixed: FixedSettings
     live: LiveSettings
+    attached: Attached
 
     @classmethod
     def of(cls, owner: StageOwner) -> Stage:
@@ -122,21 +155,19 @@ class Stage:
         return cls(trainer=owner, strategy=owner.strategy, callbacks=owner.callback_list,
                    metrics=owner.metric_store, data=owner.data, progress=owner.progress, fit_run=owner.fit_run,
                    status=owner.state, precision=owner.precision_plugin, profiler=owner.profiler, fixed=fixed,
-                   live=owner)
+                   live=owner, attached=owner)
 
-    # Attached or replaced during the stage (the set-up module, configure_optimizers' results, a logger
-    # set by a hook): read through the Trainer each time.
     @property
     def module(self) -> nn.Module | None:
-        return self.trainer.lightning_module
+        return self.attached.lightning_module
 
     @property
     def datamodule(self) -> Any:
-        return self.trainer.datamodule
+        return self.attached.datamodule
 
     @property
     def loggers(self) -> list[Any]:
-        return self.trainer.loggers
+        return self.attached.loggers
 
     def loader_source(self) -> LoaderSource:
         """What the data sources request this stage's loaders from, read now."""

@@ -46,7 +46,7 @@ def run_fit(trainer: Trainer, module: nn.Module, resume: ResumePoint) -> None:
     progress, run, callbacks = trainer.progress, trainer.fit_run, trainer.callback_list
     check_training_signature(module)
     if _should_sanity_check(trainer, module):
-        run_sanity_check(trainer, module)
+        run_sanity_check(Stage.of(trainer), module)
         if validates_in_epoch(trainer):  # the loaders it requested count as this epoch's validation loaders
             run.val_loader_epoch = trainer.current_epoch
     trainer.state.stage = "train"
@@ -59,14 +59,14 @@ def run_fit(trainer: Trainer, module: nn.Module, resume: ResumePoint) -> None:
         rank_zero_warn("The training dataloader yields no batches (an empty dataset, or drop_last with fewer samples "
                        "than batch_size per rank): nothing to train on.")
         return
-    resume.skip_finished_epoch(trainer)
+    resume.skip_finished_epoch(Stage.of(trainer))
     if fit_done(trainer):  # an earlier fit (or the checkpoint) reached max_epochs/max_steps: Lightning then runs
         open_loader(train_loader)  # no training, not even on_train_start, but has built the loader's iterator
         return                     # (the DataLoader's seed drawn from torch's generator): drawn and dropped here
     if validates_in_epoch(trainer):  # the first epoch validates: its loaders now (the progress bar shows them)
         _ensure_val_loaders(trainer, module)
     check_val_interval(trainer)
-    resume.continue_sample_stream(trainer, train_loader)
+    resume.continue_sample_stream(Stage.of(trainer), train_loader)
     _count_skipped_validation(trainer, module, resume)
     resuming = resume.pending(progress)
     run.restarting, run.started_at = progress.batch_in_epoch > 0, time.monotonic()
@@ -81,7 +81,7 @@ def run_fit(trainer: Trainer, module: nn.Module, resume: ResumePoint) -> None:
             batches, train_loader = None, reloaded
         if batches is None:  # the epoch's sampler epoch first: a loader's workers read indices at once
             set_sampler_epoch(train_loader, progress.current_epoch)
-            batches = (resume.open(trainer, train_loader) if resuming
+            batches = (resume.open(Stage.of(trainer), train_loader) if resuming
                        else iterate_limited(Stage.of(trainer), train_loader, "train"))
         with trainer.profiler.profile("run_training_epoch"):
             _run_epoch(trainer, module, train_loader, batches)
@@ -176,12 +176,12 @@ def _run_epoch(trainer: Trainer, module: nn.Module, train_loader: Any, batches: 
                            "purpose; otherwise check the dataset or its collate_fn.")
             output = None
         elif callbacks.call("on_train_batch_start", trainer, module, hook_batch, batch_idx) == -1:
-            step_schedulers(trainer, module, "epoch", plateau=False)  # Lightning: the epoch ends here
+            step_schedulers(Stage.of(trainer), module, "epoch", plateau=False)  # Lightning: the epoch ends here
             last_idx, stopped = (int(total) - 1 if total != INFINITE else batch_idx), True
             break  # Lightning: returning -1 ends the epoch early (counted as its last batch)
         else:
             with trainer.profiler.profile("run_training_batch"):
-                output = run_training_batch(trainer, module, batch, batch_idx, window_end)
+                output = run_training_batch(Stage.of(trainer), module, batch, batch_idx, window_end)
         if isinstance(batch, StepIterator):  # the step fetched its own batches: follow where it got to
             hook_batch, batch_idx, _ = batch.last
             last_idx, run.is_last_batch = batch_idx, not batch.has_more()
@@ -189,9 +189,9 @@ def _run_epoch(trainer: Trainer, module: nn.Module, train_loader: Any, batches: 
         state.batch_in_epoch = batch_idx + 1
         state.samples_in_epoch += _global_batch_size(trainer, train_loader)
         if window_end:
-            step_schedulers(trainer, module, "step", batch_idx=batch_idx, plateau=False)
+            step_schedulers(Stage.of(trainer), module, "step", batch_idx=batch_idx, plateau=False)
         if run.is_last_batch:
-            step_schedulers(trainer, module, "epoch", plateau=False)
+            step_schedulers(Stage.of(trainer), module, "epoch", plateau=False)
         state.step_in_flight, state.in_batch_end = window_end, True
         callbacks.call("on_train_batch_end", trainer, module, output, hook_batch, batch_idx)
         state.in_batch_end = False
@@ -200,9 +200,9 @@ def _run_epoch(trainer: Trainer, module: nn.Module, train_loader: Any, batches: 
         if _should_validate(trainer, batch_idx, module):
             if window_end:
                 callbacks.call_module("on_validation_model_zero_grad", module)
-            run_evaluation(trainer, module, trainer.data.loaders.get("validate", []), "validate")
+            run_evaluation(Stage.of(trainer), module, trainer.data.loaders.get("validate", []), "validate")
         if window_end:
-            step_schedulers(trainer, module, "step", batch_idx=batch_idx, plateau=True)
+            step_schedulers(Stage.of(trainer), module, "step", batch_idx=batch_idx, plateau=True)
             state.stepped_batches += 1
         state.step_in_flight = False
         if time_is_up(trainer):
@@ -215,7 +215,7 @@ def _run_epoch(trainer: Trainer, module: nn.Module, train_loader: Any, batches: 
     completed = last_idx + 1 == total or (not stopped and last_idx >= 0)
     if total == INFINITE and not stopped and last_idx >= 0 \
             and _should_validate(trainer, last_idx, module, epoch_ended=True):
-        run_evaluation(trainer, module, trainer.data.loaders.get("validate", []), "validate")
+        run_evaluation(Stage.of(trainer), module, trainer.data.loaders.get("validate", []), "validate")
     run.nonfinite_watch.check(trainer.strategy)
     # The epoch's aggregates are published three times, each for a reader of them: before the callbacks'
     # on_train_epoch_end (they read what the steps logged), again between the module's own hook and the
@@ -227,7 +227,7 @@ def _run_epoch(trainer: Trainer, module: nn.Module, train_loader: Any, batches: 
     store.compute_epoch("train")
     store.reset_metric_objects("train")
     if completed:
-        step_schedulers(trainer, module, "epoch", plateau=True)
+        step_schedulers(Stage.of(trainer), module, "epoch", plateau=True)
     write_logger_metrics(Stage.of(trainer), step=max(0, state.stepped_batches - 1))
     store.reset_stage("train")  # the next epoch aggregates afresh (what on_train_start logged counted in the first)
 

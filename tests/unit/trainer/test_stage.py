@@ -49,3 +49,19 @@ def test_the_fixed_settings_are_one_frozen_record(tmp_path: Path) -> None:
             stage.fixed.detect_anomaly) == ("skip", True, True, False)
     with pytest.raises(dataclasses.FrozenInstanceError):
         stage.fixed.on_nonfinite = "error"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("trainer_class", ["lightning", "ours"])
+def test_a_callback_changing_accumulation_mid_fit_is_seen_by_the_loops(tmp_path: Path, trainer_class: str) -> None:
+    """Lightning's GradientAccumulationScheduler sets `trainer.accumulate_grad_batches` as each epoch starts:
+    the loops read it then (the Stage does not freeze it), so the steps match Lightning's."""
+    pl = pytest.importorskip("lightning.pytorch")
+    from lightning.pytorch.callbacks import GradientAccumulationScheduler
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    make = pl.Trainer if trainer_class == "lightning" else Trainer
+    trainer = make(default_root_dir=str(tmp_path), max_epochs=3, limit_train_batches=4, limit_val_batches=0,
+                   logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
+                   callbacks=[GradientAccumulationScheduler(scheduling={0: 1, 1: 2, 2: 4})])
+    trainer.fit(BoringModel())
+    assert (trainer.global_step, trainer.accumulate_grad_batches) == (4 + 2 + 1, 4)
