@@ -14,9 +14,13 @@ _LIMIT_ATTR = {"train": "limit_train_batches", "validate": "limit_val_batches",
 
 
 def num_batches(limits: Any, loader: Any, stage: str) -> int:
-    """Batches per epoch after `limit_*_batches` (a float is a fraction, an int a count), read from `limits`
-    (anything holding the Trainer's `limit_*_batches` settings)."""
-    limit = getattr(limits, _LIMIT_ATTR[stage])
+    """Batches per epoch after `limit_*_batches`, read from `limits` (anything holding the Trainer's
+    `limit_*_batches` settings)."""
+    return limited_batches(getattr(limits, _LIMIT_ATTR[stage]), loader, stage)
+
+
+def limited_batches(limit: int | float, loader: Any, stage: str) -> int:
+    """Batches per epoch of `loader` after the stage's `limit` (a float is a fraction, an int a count)."""
     try:
         available = len(loader)
     except (TypeError, NotImplementedError):  # no length (an iterable dataset): an int limit bounds it

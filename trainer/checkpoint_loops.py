@@ -16,28 +16,26 @@ StatefulDataLoader) save their position as Lightning does, under
 from __future__ import annotations
 
 import math
-from typing import Any, TYPE_CHECKING
+from typing import Any
 
 from trainer.batch_counts import members
+from trainer.stage import Stage
 from trainer.state import EvalCount
 
-if TYPE_CHECKING:
-    from trainer.trainer import Trainer
 
-
-def lightning_loops(trainer: Trainer) -> dict[str, Any]:
+def lightning_loops(parts: Stage) -> dict[str, Any]:
     """Our position as Lightning's loop counters (only plain ints and bools): every key Lightning's
     Trainer writes, the fit loop's and its evaluation loops'."""
-    state = trainer.progress
+    state = parts.progress
     fit_state: dict[str, Any] = {}
-    loader_states = stateful_loader_states(trainer.data.loaders.get("train") or [])
+    loader_states = stateful_loader_states(parts.data.loaders.get("train") or [])
     if loader_states:
         fit_state["combined_loader"] = loader_states
-    epochs, batches, batches_now = _counters(trainer)
-    per_epoch = trainer.num_training_batches
-    steps = trainer.global_step
-    automatic = getattr(trainer.lightning_module, "automatic_optimization", True)
-    steps_now, zero_grads_now = _window_counts(trainer, batches_now) if automatic else (0, 0)
+    epochs, batches, batches_now = _counters(parts)
+    per_epoch = parts.data.counts.train
+    steps = parts.progress.global_step
+    automatic = getattr(parts.module, "automatic_optimization", True)
+    steps_now, zero_grads_now = _window_counts(parts, batches_now) if automatic else (0, 0)
     automatic_steps, manual_steps = (steps, 0) if automatic else (0, steps)
     fit_loop = {
         "state_dict": fit_state,
@@ -67,11 +65,11 @@ def lightning_loops(trainer: Trainer) -> dict[str, Any]:
     return loops
 
 
-def _window_counts(trainer: Trainer, batches_now: int) -> tuple[int, int]:
+def _window_counts(parts: Stage, batches_now: int) -> tuple[int, int]:
     """(optimizer steps, zero_grads) of the current epoch after `batches_now` batches: a step ends
     each accumulation window (the epoch's last batch ends the last one), a zero_grad opens it."""
-    every = max(1, trainer.accumulate_grad_batches)
-    closes_epoch = batches_now == trainer.num_training_batches and batches_now % every != 0
+    every = max(1, parts.live.accumulate_grad_batches)
+    closes_epoch = batches_now == parts.data.counts.train and batches_now % every != 0
     return batches_now // every + int(closes_epoch), math.ceil(batches_now / every)
 
 
@@ -82,23 +80,23 @@ def _eval_progress(count: EvalCount) -> dict[str, Any]:
             "is_last_batch": count.is_last_batch}
 
 
-def _counters(trainer: Trainer) -> tuple[dict[str, Any], dict[str, Any], int]:
+def _counters(parts: Stage) -> tuple[dict[str, Any], dict[str, Any], int]:
     """(epoch progress, batch progress, batches of the current epoch) where our loop stands.
 
     Lightning counts a unit (batch, epoch) ready/started when it begins, processed when its work
     is done and completed once its end hooks have run; a checkpoint written inside those hooks
     holds it as processed but not completed, and Lightning finishes it on resume.
     """
-    state = trainer.progress
+    state = parts.progress
     epoch, done = state.current_epoch, state.batch_in_epoch
-    per_epoch = 0 if trainer.num_training_batches == float("inf") else int(trainer.num_training_batches)
+    per_epoch = 0 if parts.data.counts.train == float("inf") else int(parts.data.counts.train)
     if done == 0:  # between epochs, or after the fit: the last epoch's batches are the current ones
         now = per_epoch if epoch > 0 else 0
         return _four(epoch, epoch, epoch, epoch), {"total": _same(epoch * per_epoch), "current": _same(now)}, now
     ending = int(state.in_batch_end)  # inside on_train_batch_end: the batch is processed, not completed
     total = epoch * per_epoch + done
     batches = {"total": _four(total, total, total, total - ending), "current": _four(done, done, done, done - ending)}
-    epoch_processed = per_epoch and done >= per_epoch and not ending and trainer.state.stage == "train"
+    epoch_processed = per_epoch and done >= per_epoch and not ending and parts.status.stage == "train"
     epochs = _four(epoch + 1, epoch + 1, epoch + int(bool(epoch_processed)), epoch)  # in on_train_epoch_end?
     return epochs, batches, done
 

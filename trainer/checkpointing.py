@@ -14,6 +14,7 @@ from trainer.checkpoint_loops import lightning_loops, position_from_lightning, s
 from trainer.compiled import plain_state_dict, state_dict_for
 from trainer.hparams import checkpoint_hparams
 from trainer.seed import gather_rng_states
+from trainer.stage import Stage
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -43,7 +44,7 @@ def build_checkpoint(trainer: Trainer, module: Any, weights_only: bool = False) 
         "global_step": trainer.progress.global_step,
         "pytorch-lightning_version": lightning_version(module),
         "state_dict": plain_state_dict(module.state_dict()),
-        "loops": {**lightning_loops(trainer), OURS_KEY: ours},
+        "loops": {**lightning_loops(Stage.of(trainer)), OURS_KEY: ours},
     }
     _add_hparams(checkpoint, module, "hyper_parameters", "hparams_name")
     if trainer.datamodule is not None:

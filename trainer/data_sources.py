@@ -19,13 +19,13 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sequenti
 
 from strategies.sampler import rebuild_dataloader
 from strategies.rank_zero import rank_zero_warn
-from trainer.batch_counts import num_batches
+from trainer.batch_counts import limited_batches
 from trainer.combined_loader import CombinedLoader
 from trainer.datamodule import LightningDataModule
 from trainer.lightning_types import is_lightning_instance
 
 if TYPE_CHECKING:
-    from trainer.trainer import Trainer
+    from strategies.base import Strategy
 
 HOOKS = {"train": "train_dataloader", "validate": "val_dataloader", "test": "test_dataloader",
          "predict": "predict_dataloader"}
@@ -91,6 +91,22 @@ def as_counts(counts: list[int]) -> list[int | float]:
     return [unlimited_if_negative(count) for count in counts]
 
 
+@dataclass(frozen=True)
+class LoaderSource:
+    """What requesting a stage's loaders uses, handed in by the stage (not the whole Trainer): the
+    strategy that shards them, the datamodule and module whose `*_dataloader` hooks supply them, how
+    a module hook is called (through the callback list, which records it), and two settings:
+    `distributed_sampler` (Lightning's `use_distributed_sampler`) and `overfit` (`overfit_batches`
+    in a fit: the training loaders read in order)."""
+
+    strategy: Strategy
+    datamodule: Any
+    module: Any
+    call_module_hook: Callable[..., Any]
+    distributed_sampler: bool
+    overfit: bool
+
+
 class DataSources:
     """The Trainer's record of given dataloaders, of the loaders each stage is using, and of their
     batch counts."""
@@ -137,12 +153,12 @@ class DataSources:
     def val_defined(self, datamodule: Any, module: Any) -> bool:
         return self.defined("validate", datamodule, module)
 
-    def request(self, trainer: Trainer, stage: str, required: bool = True) -> list[Any]:
+    def request(self, stage: str, source: LoaderSource, required: bool = True) -> list[Any]:
         """Call the stage's hook (or take the given loaders), shard them for this rank, remember them."""
         loaders = self.given.get(stage)
         if loaders is None:
-            loaders = self._from_hooks(trainer, stage)
-        trainer.strategy.barrier(f"{HOOKS[stage]}()")
+            loaders = _from_hooks(source, stage)
+        source.strategy.barrier(f"{HOOKS[stage]}()")
         if loaders is None:
             if required:
                 raise ValueError(f"Trainer.{'fit' if stage == 'train' else stage}() found no data: pass dataloaders, "
@@ -150,36 +166,36 @@ class DataSources:
             self.loaders[stage] = []
             return []
         loaders = as_run_order(loaders, stage)
-        if trainer.overfit_batches and trainer.state.fn == "fit":
+        if source.overfit:
             loaders = [_each_dataloader(loader, lambda one: _without_shuffle(one, stage)) for loader in loaders]
-        if trainer.use_distributed_sampler:
-            shuffle = _shuffles_shards(trainer, stage)
+        if source.distributed_sampler:
+            shuffle = _shuffles_shards(source, stage)
 
             def shard(one: DataLoader) -> Any:  # prediction keeps the loader's sampler and its order (Lightning's)
-                return trainer.strategy.process_dataloader(one, for_training=stage == "train", shuffle=shuffle,
-                                                           keep_sampler=stage == "predict")
+                return source.strategy.process_dataloader(one, for_training=stage == "train", shuffle=shuffle,
+                                                          keep_sampler=stage == "predict")
             loaders = [_each_dataloader(loader, shard) for loader in loaders]
         self.loaders[stage] = loaders
         for key in [key for key in self.seen_batches if key[0] == stage]:
             del self.seen_batches[key]
         return loaders
 
-    def count_training_batches(self, trainer: Trainer) -> int | float:
+    def count_training_batches(self, source: LoaderSource, limit: int | float) -> int | float:
         """Training batches per epoch before the loader was requested (for `estimated_stepping_batches`
-        inside `configure_optimizers`): request it now, as Lightning does."""
-        loaders = self.loaders.get("train") or self.request(trainer, "train")
-        self.counts.train = unlimited_if_negative(num_batches(trainer, loaders[0], "train") if loaders else 0)
+        inside `configure_optimizers`): request it now, as Lightning does; `limit` is `limit_train_batches`."""
+        loaders = self.loaders.get("train") or self.request("train", source)
+        self.counts.train = unlimited_if_negative(limited_batches(limit, loaders[0], "train") if loaders else 0)
         return self.counts.train
 
-    @staticmethod
-    def _from_hooks(trainer: Trainer, stage: str) -> Any:
-        hook = HOOKS[stage]
-        datamodule, module = trainer.datamodule, trainer.lightning_module
-        if overrides(datamodule, hook):
-            return _returned(getattr(datamodule, hook)(), datamodule, hook)
-        if module is not None and overrides(module, hook):
-            return _returned(trainer.callback_list.call_module(hook, module), module, hook)
-        return None
+
+def _from_hooks(source: LoaderSource, stage: str) -> Any:
+    hook = HOOKS[stage]
+    datamodule, module = source.datamodule, source.module
+    if overrides(datamodule, hook):
+        return _returned(getattr(datamodule, hook)(), datamodule, hook)
+    if module is not None and overrides(module, hook):
+        return _returned(source.call_module_hook(hook, module), module, hook)
+    return None
 
 
 def _returned(loaders: Any, owner: Any, hook: str) -> Any:
@@ -231,13 +247,13 @@ def _each_dataloader(loader: Any, change: Callable[[DataLoader], Any]) -> Any:
     return change(loader) if isinstance(loader, DataLoader) else loader
 
 
-def _shuffles_shards(trainer: Trainer, stage: str) -> bool | None:
+def _shuffles_shards(source: LoaderSource, stage: str) -> bool | None:
     """Lightning's rule for the sampler it injects: the training shards are always shuffled (seeded
     by the global seed, reshuffled each epoch) whatever the loader's own `shuffle`, except under
     `overfit_batches`, which trains on the same first batches; evaluation keeps the loader's order."""
     if stage != "train":
         return None
-    return not (trainer.overfit_batches and trainer.state.fn == "fit")
+    return not source.overfit
 
 
 def _without_shuffle(loader: Any, stage: str) -> Any:

@@ -25,6 +25,7 @@ from torch import nn
 
 from trainer import module as module_api
 from trainer.backward import backward
+from trainer.stage import Stage
 from trainer.module import LightningModule
 
 if TYPE_CHECKING:
@@ -129,7 +130,7 @@ class _StrategyBackward:
         self._trainer, self._trained = trainer, trained
 
     def backward(self, loss: Any, optimizer: Any = None, *args: Any, **kwargs: Any) -> None:
-        backward(self._trainer, self._trained, loss, *args, **kwargs)
+        backward(Stage.of(self._trainer), self._trained, loss, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._trainer.strategy, name)

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from trainer.backward import backward
+from trainer.stage import Stage
 
 
 def optimizers(module: nn.Module, use_pl_optimizer: bool = True) -> Any:
@@ -39,7 +40,7 @@ def manual_backward(module: nn.Module, loss: torch.Tensor, *args: Any, **kwargs:
     if getattr(module, "automatic_optimization", True):
         raise RuntimeError("manual_backward() is for manual optimization: set `self.automatic_optimization = False` "
                            "in __init__, or return the loss from training_step.")
-    backward(trainer, module, loss, *args, **kwargs)
+    backward(Stage.of(trainer), module, loss, *args, **kwargs)
 
 
 def clip_gradients(module: nn.Module, optimizer: Any, gradient_clip_val: float | None = None,

@@ -32,6 +32,7 @@ from trainer.module_adapter import align_lightning_rank, attach, automatic_optim
 from trainer.optimizers import ManualOptimizer, settle_optimizers
 from trainer.profiler import is_profiling
 from trainer.seed import reset_seed
+from trainer.stage import Stage
 from trainer.stage_request import StageRequest
 from trainer.state import FitRun
 from trainer.validation import apply_backend_flags, as_items
@@ -130,27 +131,27 @@ def _run(trainer: Trainer, model: nn.Module, request: StageRequest) -> Any:
     trainer.lightning_module = module
     callbacks.lend_logging(module)
     with compiled_steps(strategy.unwrap(module), strategy):
-        output = _run_entry(trainer, module, stage, request)
+        output = _run_entry(trainer, Stage.of(trainer), module, stage, request)
     if trainer.datamodule is not None:  # Lightning: the DataModule first, then callbacks, then the module
         trainer.datamodule.teardown(stage=stage)
     callbacks.call("teardown", trainer, module, stage=stage)
     return output
 
 
-def _run_entry(trainer: Trainer, module: nn.Module, stage: str, request: StageRequest) -> Any:
+def _run_entry(trainer: Trainer, parts: Stage, module: nn.Module, stage: str, request: StageRequest) -> Any:
     if stage == "fit":
         return _fit(trainer, module, request.checkpoint)
     if stage == "predict":
         _start_from_checkpoint(trainer, module, stage, request.checkpoint)
         _log_hyperparams(trainer, module)
         module.zero_grad()
-        loaders = trainer.data.request(trainer, "predict") if trainer.limit_predict_batches != 0 else []
+        loaders = parts.data.request("predict", parts.loader_source()) if parts.live.limit_predict_batches != 0 else []
         run = PredictionRun.start(loaders, trainer.callbacks, request.return_predictions is not False)
         trainer.prediction_run = run  # what prediction writers read through trainer.predict_loop
-        output = run_predict(trainer, module, run)
+        output = run_predict(parts, module, run)
         _finalize_loggers(trainer, "success")
         return output
-    return _evaluate(trainer, module, stage, request.checkpoint, request.verbose)
+    return _evaluate(trainer, parts, module, stage, request.checkpoint, request.verbose)
 
 
 def _start_from_checkpoint(trainer: Trainer, module: nn.Module, stage: str,
@@ -206,7 +207,7 @@ def _fit_watched(trainer: Trainer, module: nn.Module, ckpt: CheckpointRequest) -
     _finalize_loggers(trainer, "success")
 
 
-def _evaluate(trainer: Trainer, module: nn.Module, stage: str, ckpt: CheckpointRequest,
+def _evaluate(trainer: Trainer, parts: Stage, module: nn.Module, stage: str, ckpt: CheckpointRequest,
               verbose: bool) -> list[dict[str, float]]:
     if not has_step(module, stage):
         step = "validation_step" if stage == "validate" else "test_step"
@@ -214,9 +215,9 @@ def _evaluate(trainer: Trainer, module: nn.Module, stage: str, ckpt: CheckpointR
     _start_from_checkpoint(trainer, module, stage, ckpt)
     _log_hyperparams(trainer, module)
     module.zero_grad()
-    limit = trainer.limit_val_batches if stage == "validate" else trainer.limit_test_batches
-    loaders = trainer.data.request(trainer, stage) if limit != 0 else []
-    results = run_evaluation(trainer, module, loaders, stage)
+    limit = parts.live.limit_val_batches if stage == "validate" else parts.live.limit_test_batches
+    loaders = parts.data.request(stage, parts.loader_source()) if limit != 0 else []
+    results = run_evaluation(parts, module, loaders, stage)
     _finalize_loggers(trainer, "success")
     if verbose and results and any(results) and trainer.is_global_zero:
         print_results(stage, results)
@@ -267,6 +268,6 @@ def _log_hyperparams(trainer: Trainer, module: nn.Module) -> None:
 
 def _finalize_loggers(trainer: Trainer, status: str) -> None:
     if trainer.is_global_zero:
-        write_logger_metrics(trainer)
+        write_logger_metrics(Stage.of(trainer))
         for logger in trainer.loggers:
             logger.finalize(status)

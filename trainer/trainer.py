@@ -32,6 +32,7 @@ from trainer.profiler import resolve_profiler
 from trainer.precision import Precision
 from trainer.prediction_run import PredictionRun
 from trainer.schedule import settled_max_epochs, stepping_batches, validation_every
+from trainer.stage import Stage
 from trainer.launch import launch, split_datamodule, stage_request
 from trainer.state import FitProgress, FitRun, TrainerStatus
 from trainer.validation import apply_backend_flags, defaults_from_env, resolve_trainer_args
@@ -380,7 +381,7 @@ class Trainer:
         which requests the training loader early to count it, as Lightning does)."""
         per_epoch = self.num_training_batches
         if per_epoch == float("inf") and self.state.fn == "fit" and self.lightning_module is not None:
-            per_epoch = self.data.count_training_batches(self)
+            per_epoch = self.data.count_training_batches(Stage.of(self).loader_source(), self.limit_train_batches)
         return stepping_batches(self, per_epoch)
 
     # Lightning's stage flags: which loop runs now (trainer.state.stage); setting one True starts it.

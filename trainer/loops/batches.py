@@ -13,7 +13,7 @@ and pays nothing.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, TYPE_CHECKING
+from typing import Any
 
 import torch
 from torch.utils.data import IterableDataset
@@ -23,14 +23,12 @@ from trainer.data_sources import overrides
 from trainer.precision import move_to_device
 from trainer.profiler import is_profiling
 from trainer.loops.step_iterator import takes_dataloader_iter
-
-if TYPE_CHECKING:
-    from trainer.trainer import Trainer
+from trainer.stage import Stage
 
 _EXHAUSTED = object()  # "this rank has no batch left"
 
 
-def iterate_limited(trainer: Trainer, loader: Any, stage: str, skip: int = 0,
+def iterate_limited(parts: Stage, loader: Any, stage: str, skip: int = 0,
                     on_resumed: Callable[[], None] | None = None, start_at: int = 0,
                     dataloader_idx: int = 0, limit: int | None = None,
                     opened: Iterator[Any] | None = None) -> Iterator[tuple[int, Any]]:
@@ -45,18 +43,18 @@ def iterate_limited(trainer: Trainer, loader: Any, stage: str, skip: int = 0,
     `limit` overrides the stage's batch limit (the sanity check's few batches). `opened` is the
     loader's iterator when it was created ahead (`open_loader`), else one is created here.
     """
-    limit = num_batches(trainer, loader, stage) if limit is None else limit
+    limit = num_batches(parts.live, loader, stage) if limit is None else limit
     if limit == 0:
         return
     batches: Iterable[Any] = loader if opened is None else opened
-    if stage == "train" and trainer.world_size > 1 and _may_be_uneven(loader):
-        batches = stop_together(trainer.strategy, batches)
+    if stage == "train" and parts.strategy.world_size > 1 and _may_be_uneven(loader):
+        batches = stop_together(parts.strategy, batches)
     if on_resumed is not None and skip == 0:
         on_resumed()  # the checkpoint was taken between epochs, before this iterator existed
     iterator = iter(batches)
-    if is_profiling(trainer.profiler):
-        iterator = _timed(iterator, trainer.profiler, f"{stage}_dataloader_next")
-    ahead = _fetching_ahead(trainer, stage, limit, iterator)
+    if is_profiling(parts.profiler):
+        iterator = _timed(iterator, parts.profiler, f"{stage}_dataloader_next")
+    ahead = _fetching_ahead(parts, stage, limit, iterator)
     iterator = ahead or iterator
     for _ in range(skip if limit < 0 else min(skip, limit)):
         if next(iterator, _EXHAUSTED) is _EXHAUSTED:
@@ -69,9 +67,9 @@ def iterate_limited(trainer: Trainer, loader: Any, stage: str, skip: int = 0,
         if batch is _EXHAUSTED:
             return
         if ahead is not None:  # the next batch is fetched already: whether this one is the last is known
-            trainer.fit_run.is_last_batch = ahead.done
-        batch = transfer_batch(trainer, batch, dataloader_idx)
-        trainer.metric_store.current_batch_size = _batch_size(batch)
+            parts.fit_run.is_last_batch = ahead.done
+        batch = transfer_batch(parts, batch, dataloader_idx)
+        parts.metrics.current_batch_size = _batch_size(batch)
         yield batch_idx, batch
         batch_idx += 1
 
@@ -101,10 +99,10 @@ class FetchAhead:
         return current
 
 
-def _fetching_ahead(trainer: Trainer, stage: str, limit: int, iterator: Iterator[Any]) -> FetchAhead | None:
+def _fetching_ahead(parts: Stage, stage: str, limit: int, iterator: Iterator[Any]) -> FetchAhead | None:
     """Training on a loader without a length (no batch limit either) fetches ahead, as Lightning does; a
     `training_step(dataloader_iter)` fetches its own batches, and evaluation never needs to know."""
-    module = trainer.lightning_module
+    module = parts.module
     if stage != "train" or limit >= 0 or takes_dataloader_iter(getattr(module, "training_step", None)):
         return None
     return FetchAhead(iterator)
@@ -120,18 +118,18 @@ def _timed(iterator: Iterator[Any], profiler: Any, action: str) -> Iterator[Any]
         yield batch
 
 
-def transfer_batch(trainer: Trainer, batch: Any, dataloader_idx: int) -> Any:
+def transfer_batch(parts: Stage, batch: Any, dataloader_idx: int) -> Any:
     """Lightning's order: precision conversion, then on_before_batch_transfer,
     transfer_batch_to_device and on_after_batch_transfer, each the DataModule's when it overrides
     it, else the module's (plain device placement for a module without them)."""
-    batch = trainer.precision_plugin.convert_input(batch)
-    module, device = trainer.lightning_module, trainer.strategy.root_device
+    batch = parts.precision.convert_input(batch)
+    module, device = parts.module, parts.strategy.root_device
     if module is None or not callable(getattr(module, "transfer_batch_to_device", None)):
         return move_to_device(batch, device)
 
     def call(hook: str, *args: Any) -> Any:
-        owner = trainer.datamodule if overrides(trainer.datamodule, hook) else module
-        return trainer.callback_list.call_module(hook, owner, *args)
+        owner = parts.datamodule if overrides(parts.datamodule, hook) else module
+        return parts.callbacks.call_module(hook, owner, *args)
 
     batch = call("on_before_batch_transfer", batch, dataloader_idx)
     batch = call("transfer_batch_to_device", batch, device, dataloader_idx)

@@ -23,6 +23,7 @@ from torch import nn
 
 from strategies.rank_zero import rank_zero_info, rank_zero_warn
 from trainer.data_sources import INFINITE, unlimited_if_negative
+from trainer.stage import Stage
 from trainer.batch_counts import num_batches
 from trainer.loops.batches import iterate_limited, open_loader, set_sampler_epoch
 from trainer.loops.signatures import check_training_signature
@@ -45,7 +46,7 @@ def run_fit(trainer: Trainer, module: nn.Module, resume: ResumePoint) -> None:
     progress, run, callbacks = trainer.progress, trainer.fit_run, trainer.callback_list
     check_training_signature(module)
     if _should_sanity_check(trainer, module):
-        run_sanity_check(trainer, module)
+        run_sanity_check(Stage.of(trainer), module)
         if validates_in_epoch(trainer):  # the loaders it requested count as this epoch's validation loaders
             run.val_loader_epoch = trainer.current_epoch
     trainer.state.stage = "train"
@@ -58,14 +59,14 @@ def run_fit(trainer: Trainer, module: nn.Module, resume: ResumePoint) -> None:
         rank_zero_warn("The training dataloader yields no batches (an empty dataset, or drop_last with fewer samples "
                        "than batch_size per rank): nothing to train on.")
         return
-    resume.skip_finished_epoch(trainer)
+    resume.skip_finished_epoch(Stage.of(trainer))
     if fit_done(trainer):  # an earlier fit (or the checkpoint) reached max_epochs/max_steps: Lightning then runs
         open_loader(train_loader)  # no training, not even on_train_start, but has built the loader's iterator
         return                     # (the DataLoader's seed drawn from torch's generator): drawn and dropped here
     if validates_in_epoch(trainer):  # the first epoch validates: its loaders now (the progress bar shows them)
         _ensure_val_loaders(trainer, module)
     check_val_interval(trainer)
-    resume.continue_sample_stream(trainer, train_loader)
+    resume.continue_sample_stream(Stage.of(trainer), train_loader)
     _count_skipped_validation(trainer, module, resume)
     resuming = resume.pending(progress)
     run.restarting, run.started_at = progress.batch_in_epoch > 0, time.monotonic()
@@ -80,14 +81,15 @@ def run_fit(trainer: Trainer, module: nn.Module, resume: ResumePoint) -> None:
             batches, train_loader = None, reloaded
         if batches is None:  # the epoch's sampler epoch first: a loader's workers read indices at once
             set_sampler_epoch(train_loader, progress.current_epoch)
-            batches = resume.open(trainer, train_loader) if resuming else iterate_limited(trainer, train_loader, "train")
+            batches = (resume.open(Stage.of(trainer), train_loader) if resuming
+                       else iterate_limited(Stage.of(trainer), train_loader, "train"))
         with trainer.profiler.profile("run_training_epoch"):
             _run_epoch(trainer, module, train_loader, batches)
         batches, resuming, run.restarting = None, False, False
         progress.current_epoch += 1
         progress.batch_in_epoch = progress.samples_in_epoch = 0
         if not fit_done(trainer):
-            stop_if_preempted(trainer)  # between two epochs
+            stop_if_preempted(Stage.of(trainer))  # between two epochs
     run.nonfinite_watch.check(trainer.strategy)
     callbacks.call("on_train_end", trainer, module)
 
@@ -102,7 +104,8 @@ def _should_sanity_check(trainer: Trainer, module: nn.Module) -> bool:
 
 def _request_train_loader(trainer: Trainer, reload: bool = False) -> Any:
     loaders = trainer.data.loaders.get("train") if not reload else None  # configure_optimizers may have asked
-    loaders = loaders or trainer.data.request(trainer, "train")  # one entry: a loader or a CombinedLoader
+    # one entry: a loader or a CombinedLoader
+    loaders = loaders or trainer.data.request("train", Stage.of(trainer).loader_source())
     trainer.data.counts.train = unlimited_if_negative(num_batches(trainer, loaders[0], "train"))
     trainer.fit_run.train_loader_epoch = trainer.current_epoch
     return loaders[0]
@@ -110,7 +113,7 @@ def _request_train_loader(trainer: Trainer, reload: bool = False) -> Any:
 
 def _request_val_loaders(trainer: Trainer, module: nn.Module) -> None:
     if "validate" not in trainer.data.loaders and has_step(module, "validate") and trainer.enable_validation:
-        trainer.data.request(trainer, "validate", required=False)
+        trainer.data.request("validate", Stage.of(trainer).loader_source(), required=False)
     loaders = trainer.data.loaders.get("validate", []) if has_step(module, "validate") else []
     trainer.data.counts.set_val(trainer.state.fn, [num_batches(trainer, loader, "validate") for loader in loaders])
 
@@ -146,7 +149,7 @@ def _open_first_epoch(trainer: Trainer, train_loader: Any) -> Iterator[tuple[int
         open_loader(train_loader)  # drawn and dropped, as Lightning's; the epoch sets its sampler and opens anew
         return None
     set_sampler_epoch(train_loader, trainer.current_epoch)  # before: a loader's workers read indices at once
-    return iterate_limited(trainer, train_loader, "train", opened=open_loader(train_loader))
+    return iterate_limited(Stage.of(trainer), train_loader, "train", opened=open_loader(train_loader))
 
 
 def _run_epoch(trainer: Trainer, module: nn.Module, train_loader: Any, batches: Iterator[tuple[int, Any]]) -> None:
@@ -173,12 +176,12 @@ def _run_epoch(trainer: Trainer, module: nn.Module, train_loader: Any, batches: 
                            "purpose; otherwise check the dataset or its collate_fn.")
             output = None
         elif callbacks.call("on_train_batch_start", trainer, module, hook_batch, batch_idx) == -1:
-            step_schedulers(trainer, module, "epoch", plateau=False)  # Lightning: the epoch ends here
+            step_schedulers(Stage.of(trainer), module, "epoch", plateau=False)  # Lightning: the epoch ends here
             last_idx, stopped = (int(total) - 1 if total != INFINITE else batch_idx), True
             break  # Lightning: returning -1 ends the epoch early (counted as its last batch)
         else:
             with trainer.profiler.profile("run_training_batch"):
-                output = run_training_batch(trainer, module, batch, batch_idx, window_end)
+                output = run_training_batch(Stage.of(trainer), module, batch, batch_idx, window_end)
         if isinstance(batch, StepIterator):  # the step fetched its own batches: follow where it got to
             hook_batch, batch_idx, _ = batch.last
             last_idx, run.is_last_batch = batch_idx, not batch.has_more()
@@ -186,9 +189,9 @@ def _run_epoch(trainer: Trainer, module: nn.Module, train_loader: Any, batches: 
         state.batch_in_epoch = batch_idx + 1
         state.samples_in_epoch += _global_batch_size(trainer, train_loader)
         if window_end:
-            step_schedulers(trainer, module, "step", batch_idx=batch_idx, plateau=False)
+            step_schedulers(Stage.of(trainer), module, "step", batch_idx=batch_idx, plateau=False)
         if run.is_last_batch:
-            step_schedulers(trainer, module, "epoch", plateau=False)
+            step_schedulers(Stage.of(trainer), module, "epoch", plateau=False)
         state.step_in_flight, state.in_batch_end = window_end, True
         callbacks.call("on_train_batch_end", trainer, module, output, hook_batch, batch_idx)
         state.in_batch_end = False
@@ -197,9 +200,9 @@ def _run_epoch(trainer: Trainer, module: nn.Module, train_loader: Any, batches: 
         if _should_validate(trainer, batch_idx, module):
             if window_end:
                 callbacks.call_module("on_validation_model_zero_grad", module)
-            run_evaluation(trainer, module, trainer.data.loaders.get("validate", []), "validate")
+            run_evaluation(Stage.of(trainer), module, trainer.data.loaders.get("validate", []), "validate")
         if window_end:
-            step_schedulers(trainer, module, "step", batch_idx=batch_idx, plateau=True)
+            step_schedulers(Stage.of(trainer), module, "step", batch_idx=batch_idx, plateau=True)
             state.stepped_batches += 1
         state.step_in_flight = False
         if time_is_up(trainer):
@@ -208,11 +211,11 @@ def _run_epoch(trainer: Trainer, module: nn.Module, train_loader: Any, batches: 
             stopped = True
             break
         if window_end and not run.is_last_batch:  # an epoch's last batch: its end hooks run first
-            stop_if_preempted(trainer)
+            stop_if_preempted(Stage.of(trainer))
     completed = last_idx + 1 == total or (not stopped and last_idx >= 0)
     if total == INFINITE and not stopped and last_idx >= 0 \
             and _should_validate(trainer, last_idx, module, epoch_ended=True):
-        run_evaluation(trainer, module, trainer.data.loaders.get("validate", []), "validate")
+        run_evaluation(Stage.of(trainer), module, trainer.data.loaders.get("validate", []), "validate")
     run.nonfinite_watch.check(trainer.strategy)
     # The epoch's aggregates are published three times, each for a reader of them: before the callbacks'
     # on_train_epoch_end (they read what the steps logged), again between the module's own hook and the
@@ -224,8 +227,8 @@ def _run_epoch(trainer: Trainer, module: nn.Module, train_loader: Any, batches: 
     store.compute_epoch("train")
     store.reset_metric_objects("train")
     if completed:
-        step_schedulers(trainer, module, "epoch", plateau=True)
-    write_logger_metrics(trainer, step=max(0, state.stepped_batches - 1))
+        step_schedulers(Stage.of(trainer), module, "epoch", plateau=True)
+    write_logger_metrics(Stage.of(trainer), step=max(0, state.stepped_batches - 1))
     store.reset_stage("train")  # the next epoch aggregates afresh (what on_train_start logged counted in the first)
 
 
@@ -249,7 +252,7 @@ def _log_step(trainer: Trainer, module: nn.Module, window_end: bool) -> None:
     every = trainer.log_every_n_steps
     if every and ((trainer.progress.stepped_batches + 1) % every == 0 or trainer.should_stop):
         trainer.fit_run.nonfinite_watch.check(trainer.strategy)  # values are read from the device here anyway
-        write_logger_metrics(trainer)
+        write_logger_metrics(Stage.of(trainer))
     else:
         trainer.metric_store.drop_logger_metrics()
 

@@ -15,31 +15,27 @@ of the same model with other hyperparameters (a sweep sharing the directory), do
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from strategies.rank_zero import rank_zero_info
 from trainer.checkpoint_choice import preemption_checkpoint_path
-
-if TYPE_CHECKING:
-    from trainer.trainer import Trainer
+from trainer.stage import Stage
 
 
-def stop_if_preempted(trainer: Trainer) -> None:
+def stop_if_preempted(stage: Stage) -> None:
     """At a step boundary (every rank, the same sequence): when the ranks agreed to stop here,
     write the preemption checkpoint and raise `Preempted` (a SystemExit with code 75). A checkpoint
     that cannot be written still ends the job the same way (requeued), with the error chained."""
-    watch = trainer.fit_run.preemption_watch
-    stepped = trainer.progress.stepped_batches
+    watch = stage.fit_run.preemption_watch
+    stepped = stage.progress.stepped_batches
     if watch is None or not watch.due(stepped):
         return
-    path = preemption_checkpoint_path(trainer)
-    trainer.fit_run.preemption_mark = {"signal": watch.signal_name, "stepped_batches": stepped}
+    path = preemption_checkpoint_path(stage.trainer)
+    stage.fit_run.preemption_mark = {"signal": watch.signal_name, "stepped_batches": stepped}
     try:
-        trainer.save_checkpoint(path)
+        stage.trainer.save_checkpoint(path)
     except Exception as error:  # a full disk: the previous checkpoints stay the resume point
-        raise watch.stopped(trainer.global_step, None) from error
+        raise watch.stopped(stage.progress.global_step, None) from error
     finally:
-        trainer.fit_run.preemption_mark = None
-    rank_zero_info(f"Preempted by {watch.signal_name}: every rank stopped after step {trainer.global_step}; "
+        stage.fit_run.preemption_mark = None
+    rank_zero_info(f"Preempted by {watch.signal_name}: every rank stopped after step {stage.progress.global_step}; "
                    f"checkpoint written to {path}. The next fit in this directory resumes from it.")
-    raise watch.stopped(trainer.global_step, path)
+    raise watch.stopped(stage.progress.global_step, path)

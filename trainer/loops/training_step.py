@@ -21,7 +21,7 @@ import functools
 import inspect
 import warnings
 from collections.abc import Mapping
-from typing import Any, TYPE_CHECKING
+from typing import Any
 
 import torch
 from torch import nn
@@ -30,61 +30,59 @@ from strategies.rank_zero import rank_zero_warn
 from trainer.backward import backward
 from trainer.module_adapter import automatic_optimization, set_current_hook
 from trainer.profiler import profile_strategy
-
-if TYPE_CHECKING:
-    from trainer.trainer import Trainer
+from trainer.stage import Stage
 
 
 class _SkipStep(Exception):
     """Raised inside the optimizer's closure to skip a step with non-finite gradients."""
 
 
-def run_training_batch(trainer: Trainer, module: nn.Module, batch: Any, batch_idx: int, window_end: bool) -> Any:
+def run_training_batch(parts: Stage, module: nn.Module, batch: Any, batch_idx: int, window_end: bool) -> Any:
     """Run one batch; returns Lightning's `outputs` for `on_train_batch_end`: a dict with the
     (accumulation-normalised, detached) "loss" and whatever else `training_step` returned."""
     if not automatic_optimization(module):
-        return _run_manual_batch(trainer, module, batch, batch_idx)
-    optimizer = trainer.optimizers[0]
-    closure = _Closure(trainer, module, batch, batch_idx, optimizer,
-                       zero_grad=batch_idx % trainer.accumulate_grad_batches == 0)
+        return _run_manual_batch(parts, module, batch, batch_idx)
+    optimizer = parts.attached.optimizers[0]
+    closure = _Closure(parts, module, batch, batch_idx, optimizer,
+                       zero_grad=batch_idx % parts.live.accumulate_grad_batches == 0)
     if not window_end:
-        with trainer.strategy.no_sync():
+        with parts.strategy.no_sync():
             closure()
     else:
-        _optimizer_step(trainer, module, batch_idx, optimizer, closure)
+        _optimizer_step(parts, module, batch_idx, optimizer, closure)
     return closure.outputs()
 
 
 class _Closure:
     """training_step, zero_grad and backward of one micro-batch; remembers the step's output."""
 
-    def __init__(self, trainer: Trainer, module: nn.Module, batch: Any, batch_idx: int, optimizer: Any,
+    def __init__(self, parts: Stage, module: nn.Module, batch: Any, batch_idx: int, optimizer: Any,
                  zero_grad: bool) -> None:
-        self.trainer, self.module, self.batch, self.batch_idx = trainer, module, batch, batch_idx
+        self.parts, self.module, self.batch, self.batch_idx = parts, module, batch, batch_idx
         self.optimizer, self.zero_grad = optimizer, zero_grad
         self.output: Any = None
         self.loss: torch.Tensor | None = None
 
     @torch.enable_grad()
     def __call__(self) -> torch.Tensor | None:
-        trainer, module, callbacks = self.trainer, self.module, self.trainer.callback_list
-        self.output = training_step(trainer, module, self.batch, self.batch_idx)
+        parts, module, callbacks = self.parts, self.module, self.parts.callbacks
+        self.output = training_step(parts, module, self.batch, self.batch_idx)
         loss = extract_loss(self.output)
-        if loss is None and trainer.world_size > 1:
+        if loss is None and parts.strategy.world_size > 1:
             raise RuntimeError("training_step returned None under DDP: every rank must take part in every "
                                "gradient reduction. Return a loss on every rank (e.g. loss * 0 to skip a batch).")
         if loss is None:  # Lightning warns too (automatic optimization only)
             rank_zero_warn("`training_step` returned `None`, so this batch is skipped: no backward pass and no "
                            "optimizer update from it. Return the loss to train on it; skipping on purpose is fine.")
         if loss is not None:
-            loss = _normalize(loss, trainer.accumulate_grad_batches)
+            loss = _normalize(loss, parts.live.accumulate_grad_batches)
             self.loss = loss.detach().clone()
         if self.zero_grad:
-            callbacks.call("on_before_zero_grad", trainer, module, self.optimizer)
-            callbacks.call_module("optimizer_zero_grad", module, trainer.current_epoch, self.batch_idx,
+            callbacks.call("on_before_zero_grad", parts.trainer, module, self.optimizer)
+            callbacks.call_module("optimizer_zero_grad", module, parts.progress.current_epoch, self.batch_idx,
                                   self.optimizer)
         if loss is not None:
-            backward(trainer, module, loss)
+            backward(parts, module, loss)
         return self.loss
 
     def outputs(self) -> Any:
@@ -101,12 +99,12 @@ def _normalize(loss: torch.Tensor, accumulate_grad_batches: int) -> torch.Tensor
     return loss if accumulate_grad_batches == 1 else loss / accumulate_grad_batches
 
 
-def training_step(trainer: Trainer, module: nn.Module, batch: Any, batch_idx: int) -> Any:
+def training_step(parts: Stage, module: nn.Module, batch: Any, batch_idx: int) -> Any:
     previous = set_current_hook(module, "training_step")
     try:
-        with trainer.precision_plugin.autocast(), profile_strategy(trainer, "training_step"):
+        with parts.precision.autocast(), profile_strategy(parts, "training_step"):
             args = (batch, batch_idx) if takes_batch_idx(module.training_step) else (batch,)
-            return trainer.strategy.training_step(module, *args)
+            return parts.strategy.training_step(module, *args)
     finally:
         set_current_hook(module, previous)
 
@@ -130,41 +128,42 @@ def _takes_batch_idx(function: Any, min_args: int) -> bool:
         or any(p.name == "batch_idx" for p in parameters)
 
 
-def _optimizer_step(trainer: Trainer, module: nn.Module, batch_idx: int, optimizer: Any, closure: _Closure) -> None:
+def _optimizer_step(parts: Stage, module: nn.Module, batch_idx: int, optimizer: Any, closure: _Closure) -> None:
     """Hand the closure to the module's `optimizer_step`; the optimizer runs it, then the hooks that
     need the reduced gradients run, then the update. Every rank has identical gradients here."""
-    callbacks, precision = trainer.callback_list, trainer.precision_plugin
+    callbacks, precision = parts.callbacks, parts.precision
     ran: list[bool] = []
 
     def closure_then_prepare_step() -> Any:
         ran.append(True)
         loss = closure()
         precision.unscale(optimizer)
-        if not trainer.fit_run.nonfinite_watch.usable(
-                trainer.strategy, optimizer, extract_loss(closure.output), policy=trainer.on_nonfinite,
-                scaled=precision.scaler is not None, step=trainer.global_step, epoch=trainer.current_epoch):
+        if not parts.fit_run.nonfinite_watch.usable(
+                parts.strategy, optimizer, extract_loss(closure.output), policy=parts.fixed.on_nonfinite,
+                scaled=precision.scaler is not None, step=parts.progress.global_step,
+                epoch=parts.progress.current_epoch):
             raise _SkipStep
-        callbacks.call("on_before_optimizer_step", trainer, module, optimizer)
+        callbacks.call("on_before_optimizer_step", parts.trainer, module, optimizer)
         callbacks.call_module("configure_gradient_clipping", module, optimizer,
-                              gradient_clip_val=trainer.gradient_clip_val,
-                              gradient_clip_algorithm=trainer.gradient_clip_algorithm)
+                              gradient_clip_val=parts.live.gradient_clip_val,
+                              gradient_clip_algorithm=parts.live.gradient_clip_algorithm)
         return loss
 
     try:
-        callbacks.call_module("optimizer_step", module, trainer.current_epoch, batch_idx,
-                              trainer.wrapped_optimizers[0], closure_then_prepare_step)
+        callbacks.call_module("optimizer_step", module, parts.progress.current_epoch, batch_idx,
+                              parts.attached.wrapped_optimizers[0], closure_then_prepare_step)
     except _SkipStep:
         return
     if not ran:  # training_step and backward never ran: the "step" would silently train nothing
         raise RuntimeError(f"{type(module).__name__}.optimizer_step() did not run its `optimizer_closure` (which runs "
                            "training_step and backward): pass it on, `optimizer.step(closure=optimizer_closure)`.")
-    trainer.progress.global_step += 1
+    parts.progress.global_step += 1
 
 
-def _run_manual_batch(trainer: Trainer, module: nn.Module, batch: Any, batch_idx: int) -> Any:
+def _run_manual_batch(parts: Stage, module: nn.Module, batch: Any, batch_idx: int) -> Any:
     """Manual optimization: the module calls `manual_backward` and `optimizer.step()` itself;
     the optimizers it gets from `self.optimizers()` count steps into `global_step`."""
-    output = training_step(trainer, module, batch, batch_idx)
+    output = training_step(parts, module, batch, batch_idx)
     if output is None:
         return {}
     if isinstance(output, torch.Tensor):
@@ -177,7 +176,7 @@ def _run_manual_batch(trainer: Trainer, module: nn.Module, batch: Any, batch_idx
                     "optimization it returns a tensor, a dict, or nothing.")
 
 
-def step_schedulers(trainer: Trainer, module: nn.Module, interval: str, batch_idx: int = 0,
+def step_schedulers(parts: Stage, module: nn.Module, interval: str, batch_idx: int = 0,
                     plateau: bool | None = None) -> None:
     """Step the schedulers of `interval` whose frequency is due (Lightning counts "step" schedulers by
     the batch index in the epoch, "epoch" ones by epoch); plateau ones read their monitor, and are
@@ -185,25 +184,25 @@ def step_schedulers(trainer: Trainer, module: nn.Module, interval: str, batch_id
     schedulers itself."""
     if not automatic_optimization(module):
         return
-    counter = batch_idx + 1 if interval == "step" else trainer.current_epoch + 1
-    for config in trainer.lr_scheduler_configs:
+    counter = batch_idx + 1 if interval == "step" else parts.progress.current_epoch + 1
+    for config in parts.attached.lr_scheduler_configs:
         if config.interval != interval or counter % config.frequency != 0:
             continue
         if plateau is not None and config.reduce_on_plateau != plateau:
             continue
         metric = None
         if config.reduce_on_plateau:
-            metric = trainer.callback_metrics.get(config.monitor) if config.monitor else None
+            metric = parts.metrics.callback_metrics.get(config.monitor) if config.monitor else None
             if metric is None:
                 if config.strict:
                     raise KeyError(f"ReduceLROnPlateau monitors {config.monitor!r}, which was not logged; logged: "
-                                   f"{sorted(trainer.callback_metrics)}. Log it or set 'strict': False.")
+                                   f"{sorted(parts.metrics.callback_metrics)}. Log it or set 'strict': False.")
                 warnings.warn(f"ReduceLROnPlateau monitors {config.monitor!r}, which was not logged, and strict is "
                               "False: its step is skipped.", RuntimeWarning, stacklevel=2)
                 continue
-        trainer.callback_list.call_module("lr_scheduler_step", module, config.scheduler, metric)
-        trainer.progress.scheduler_steps += 1
-        trainer.progress.scheduler_steps_in_epoch += 1
+        parts.callbacks.call_module("lr_scheduler_step", module, config.scheduler, metric)
+        parts.progress.scheduler_steps += 1
+        parts.progress.scheduler_steps_in_epoch += 1
 
 
 def extract_loss(output: Any) -> torch.Tensor | None:
