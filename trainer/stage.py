@@ -1,6 +1,8 @@
 """What one stage's loops use, handed to them instead of the whole Trainer (issue #41).
 
-run.py builds one `Stage` per stage, once the strategy has set the module up. It holds:
+run.py builds the stage's `Stage` once the strategy has set the module up. Until the fit loop takes it too
+(#41), code that still holds the Trainer (fit_loop.py, the module's backward, checkpointing) builds one where
+it calls a driver (`Stage.of`: the same parts by reference, about 4 us). It holds:
 
 * the Trainer's parts, by reference (the same objects the Trainer answers from, so what the loops
   change, the Trainer reports, and what a callback changes on the Trainer, the loops see);
