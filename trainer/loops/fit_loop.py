@@ -156,6 +156,7 @@ def _run_epoch(trainer: Trainer, module: nn.Module, train_loader: Any, batches: 
     """One training epoch over `batches`, the epoch's `(batch_idx, batch)` pairs from
     `progress.batch_in_epoch` on (a resumed epoch's first index is the checkpoint's)."""
     state, run, callbacks, store = trainer.progress, trainer.fit_run, trainer.callback_list, trainer.metric_store
+    stage = Stage.of(trainer)  # one per epoch: the parts it references are not replaced while an epoch runs
     if state.batch_in_epoch == 0:  # a run resumed mid-epoch continues the epoch: no new epoch starts
         state.scheduler_steps_in_epoch = state.fit_validation.total = 0  # Lightning's per-epoch counters
         callbacks.call("on_train_epoch_start", trainer, module)
@@ -176,12 +177,12 @@ def _run_epoch(trainer: Trainer, module: nn.Module, train_loader: Any, batches: 
                            "purpose; otherwise check the dataset or its collate_fn.")
             output = None
         elif callbacks.call("on_train_batch_start", trainer, module, hook_batch, batch_idx) == -1:
-            step_schedulers(Stage.of(trainer), module, "epoch", plateau=False)  # Lightning: the epoch ends here
+            step_schedulers(stage, module, "epoch", plateau=False)  # Lightning: the epoch ends here
             last_idx, stopped = (int(total) - 1 if total != INFINITE else batch_idx), True
             break  # Lightning: returning -1 ends the epoch early (counted as its last batch)
         else:
             with trainer.profiler.profile("run_training_batch"):
-                output = run_training_batch(Stage.of(trainer), module, batch, batch_idx, window_end)
+                output = run_training_batch(stage, module, batch, batch_idx, window_end)
         if isinstance(batch, StepIterator):  # the step fetched its own batches: follow where it got to
             hook_batch, batch_idx, _ = batch.last
             last_idx, run.is_last_batch = batch_idx, not batch.has_more()
@@ -189,9 +190,9 @@ def _run_epoch(trainer: Trainer, module: nn.Module, train_loader: Any, batches: 
         state.batch_in_epoch = batch_idx + 1
         state.samples_in_epoch += _global_batch_size(trainer, train_loader)
         if window_end:
-            step_schedulers(Stage.of(trainer), module, "step", batch_idx=batch_idx, plateau=False)
+            step_schedulers(stage, module, "step", batch_idx=batch_idx, plateau=False)
         if run.is_last_batch:
-            step_schedulers(Stage.of(trainer), module, "epoch", plateau=False)
+            step_schedulers(stage, module, "epoch", plateau=False)
         state.step_in_flight, state.in_batch_end = window_end, True
         callbacks.call("on_train_batch_end", trainer, module, output, hook_batch, batch_idx)
         state.in_batch_end = False
@@ -200,9 +201,9 @@ def _run_epoch(trainer: Trainer, module: nn.Module, train_loader: Any, batches: 
         if _should_validate(trainer, batch_idx, module):
             if window_end:
                 callbacks.call_module("on_validation_model_zero_grad", module)
-            run_evaluation(Stage.of(trainer), module, trainer.data.loaders.get("validate", []), "validate")
+            run_evaluation(stage, module, trainer.data.loaders.get("validate", []), "validate")
         if window_end:
-            step_schedulers(Stage.of(trainer), module, "step", batch_idx=batch_idx, plateau=True)
+            step_schedulers(stage, module, "step", batch_idx=batch_idx, plateau=True)
             state.stepped_batches += 1
         state.step_in_flight = False
         if time_is_up(trainer):
@@ -211,11 +212,11 @@ def _run_epoch(trainer: Trainer, module: nn.Module, train_loader: Any, batches: 
             stopped = True
             break
         if window_end and not run.is_last_batch:  # an epoch's last batch: its end hooks run first
-            stop_if_preempted(Stage.of(trainer))
+            stop_if_preempted(stage)
     completed = last_idx + 1 == total or (not stopped and last_idx >= 0)
     if total == INFINITE and not stopped and last_idx >= 0 \
             and _should_validate(trainer, last_idx, module, epoch_ended=True):
-        run_evaluation(Stage.of(trainer), module, trainer.data.loaders.get("validate", []), "validate")
+        run_evaluation(stage, module, trainer.data.loaders.get("validate", []), "validate")
     run.nonfinite_watch.check(trainer.strategy)
     # The epoch's aggregates are published three times, each for a reader of them: before the callbacks'
     # on_train_epoch_end (they read what the steps logged), again between the module's own hook and the
@@ -227,8 +228,8 @@ def _run_epoch(trainer: Trainer, module: nn.Module, train_loader: Any, batches: 
     store.compute_epoch("train")
     store.reset_metric_objects("train")
     if completed:
-        step_schedulers(Stage.of(trainer), module, "epoch", plateau=True)
-    write_logger_metrics(Stage.of(trainer), step=max(0, state.stepped_batches - 1))
+        step_schedulers(stage, module, "epoch", plateau=True)
+    write_logger_metrics(stage, step=max(0, state.stepped_batches - 1))
     store.reset_stage("train")  # the next epoch aggregates afresh (what on_train_start logged counted in the first)
 
 
