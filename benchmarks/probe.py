@@ -115,14 +115,6 @@ def _status_mib(field: str) -> float | None:
     return None
 
 
-def threads_per_rank(ranks: int) -> int:
-    """Every contender gives each rank its share of the cores, or OMP_NUM_THREADS where the user set it
-    (what our launcher, Lightning and torchrun's ranks do)."""
-    if "OMP_NUM_THREADS" in os.environ:
-        return max(1, int(os.environ["OMP_NUM_THREADS"]))
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cpus // max(1, ranks))
-
 
 def fail(message: str) -> None:
     print(f"benchmark contender error: {message}", file=sys.stderr)

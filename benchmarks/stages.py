@@ -44,9 +44,9 @@ from typing import Any
 from benchmarks.code_roots import packages_of
 from benchmarks.contenders.stages_job import RESULT_PREFIX, WORKLOADS
 from benchmarks.contenders.stages_parts import CODE_NOTES_ENV, RANKS
-from benchmarks.probe import threads_per_rank
 from benchmarks.report import _fmt, _stats
 from benchmarks.run import _child_env, machine
+from strategies.worker import cpu_threads_per_rank
 
 REPO = Path(__file__).parents[1]
 RESULTS = Path(__file__).parent / "results" / "stages"
@@ -132,7 +132,7 @@ def run_job(contender: str, workload: str, timeout: float, code_root: Path | Non
     with tempfile.TemporaryDirectory(prefix="bench-stages-") as out:
         marker = uuid.uuid4().hex
         env = {**_child_env(str(code_root) if code_root else None), MARKER_ENV: marker,
-               "OMP_NUM_THREADS": str(threads_per_rank(RANKS)), CODE_NOTES_ENV: str(Path(out) / "code")}
+               "OMP_NUM_THREADS": str(cpu_threads_per_rank(RANKS)), CODE_NOTES_ENV: str(Path(out) / "code")}
         command = [sys.executable, "-m", "benchmarks.contenders.stages_job", "--framework", framework,
                    "--workload", workload, "--out", out, *(["--epochs", "1"] if quick else [])]
         load = os.getloadavg()[0]

@@ -16,16 +16,17 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 
 from benchmarks.contenders.data import device_for, loader, train_raw, workload
-from benchmarks.probe import Probe, parse_args, threads_per_rank
+from benchmarks.probe import Probe, parse_args
 from benchmarks.workloads import make_optimizer
 from strategies.sampler import SEED_VARIABLE
+from strategies.worker import cpu_threads_per_rank  # each rank's share of the cores, as ours and Lightning take it
 
 
 SEED = int(os.environ.get(SEED_VARIABLE, 0))  # the seed both Trainers' training samplers use
 
 
 def worker(rank: int, args: argparse.Namespace, port: int) -> None:
-    torch.set_num_threads(threads_per_rank(args.devices))
+    torch.set_num_threads(cpu_threads_per_rank(args.devices))
     device = device_for(args, local_rank=rank)
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.devices)
