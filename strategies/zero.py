@@ -4,7 +4,7 @@ Adam keeps two fp32 moments per parameter; under plain DDP every rank holds all 
 reducer's buckets are padded to a multiple of the world size N, and rank r owns elements
 `[r*S, (r+1)*S)` of every bucket (S = padded length / N): even shards, cut through parameters, not
 whole parameters handed out. For each parameter, the part that falls in this rank's shard is one
-*segment*: a 1-D view of those elements of the parameter itself; its `.grad` views the same elements
+*segment*: a 1-D view of those elements of the parameter itself (of its bucket's flat buffer); its `.grad` views the same elements
 of this rank's shard of the averaged gradients, which the reducer reduce-scatters bucket by bucket
 while backward runs (strategies/zero_reducer.py). So the optimizer reads its gradients and writes its
 updates with no copy, and no second copy of the weights exists. With Adam, per parameter: stage 1
@@ -18,10 +18,12 @@ dicts (lr, weight decay, betas per group; schedulers and run-time edits work as 
 
   step:   the user's optimizer updates its segments (so the parameters' own elements), elementwise,
           exactly as it would the whole parameters (the same arithmetic on the same elements);
-  after:  each bucket's shards are packed into one flat buffer, all-gathered (in bucket order on
-          every rank, into a reused buffer of one bucket: through the reducer's shared-memory
-          transport between CPU ranks of one host, else `all_gather_single`) and copied into the
-          parameters.
+  after:  each bucket's flat parameter buffer is all-gathered in place (in bucket order on every
+          rank, all queued before the first wait: through the reducer's shared-memory transport
+          between CPU ranks of one host, else `all_gather_into_tensor`). At setup the parameters
+          moved into one flat buffer per bucket, laid out as the bucket (`_adopt_parameters`), so
+          this rank's updated shard is already where the gather reads it and the peers' shards land
+          in the parameters: no pack or unpack copy.
 
 The bytes on the wire per step are a reduce-scatter plus an all-gather: DDP's all-reduce. The shard
 of the averaged gradients is bit-identical to what `zero_stage=0`'s all-reduce gives, and the update
@@ -92,13 +94,38 @@ class ZeroShards:
         self.segments: dict[int, Segment] = {}  # param index -> its segment here (at most one: shards are contiguous)
         self.tensors: dict[int, torch.Tensor] = {}  # param index -> the segment the optimizer steps
         self._grad_views: dict[int, torch.Tensor] = {}  # param index -> its elements of the averaged gradients
+        # Per bucket, the flat buffer its parameters now live in (`_adopt_parameters`): the gather's target
+        self.param_buffers: list[torch.Tensor] = []
         for bucket_index, (indexes, bucket) in enumerate(zip(layout.plan, layout.buckets)):
+            self.param_buffers.append(self._adopt_parameters(indexes, bucket.buffer().numel()))
             self._cut(bucket_index, indexes, bucket.buffer().numel())
         self._index_of = {id(param): index for index, param in enumerate(self.params)}
-        self._scratch: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
         self.state_bytes_per_rank: list[int] | None = None  # measured after the first step
         # The reducer's gradient memory now and at its peak (`ShardedGradReducer.gradient_bytes`)
         self.gradient_bytes: Callable[[], dict[str, int]] | None = None
+
+    def _adopt_parameters(self, indexes: Sequence[int], bucket_numel: int) -> torch.Tensor:
+        """Move the bucket's parameters, values kept, into one flat buffer laid out as the bucket (padding
+        zeroed at the end), each `.data` now its slice. Then this rank's shard of the parameters is already
+        where the all-gather reads it and the peers' shards land where the parameters read them: no pack or
+        unpack copy per step. The Parameter objects stay (optimizers, hooks and the user hold them); `.data`
+        keeps dtype and device, so autograd keeps their gradient accumulators and the reducer's hooks.
+        One bucket at a time, so setup holds at most one bucket's parameters twice."""
+        first = self.params[indexes[0]]
+        flat = torch.zeros(bucket_numel, dtype=first.dtype, device=first.device)
+        offset = 0
+        for index in indexes:
+            param = self.params[index]
+            if not param.is_contiguous():
+                raise ValueError(f"zero_stage={self.zero_stage} keeps each bucket's parameters in one flat buffer "
+                                 f"and steps slices of it, so parameters must be contiguous; parameter {index} of "
+                                 f"shape {tuple(param.shape)} is not (a channels_last module?). Keep it contiguous, "
+                                 "or use zero_stage=0.")
+            slot = flat[offset:offset + param.numel()].view_as(param)
+            slot.copy_(param.detach())
+            param.data = slot
+            offset += param.numel()
+        return flat
 
     def _cut(self, bucket_index: int, indexes: Sequence[int], bucket_numel: int) -> None:
         size = bucket_numel // self.world_size
@@ -110,10 +137,6 @@ class ZeroShards:
             numel = param.numel()
             first, last = max(low, offset), min(high, offset + numel)
             if last > first:
-                if not param.is_contiguous():
-                    raise ValueError(f"zero_stage={self.zero_stage} steps a slice of each parameter in place, so "
-                                     f"parameters must be contiguous; parameter {index} of shape {tuple(param.shape)} "
-                                     "is not (a channels_last module?). Keep it contiguous, or use zero_stage=0.")
                 segment = Segment(index, bucket_index, first - offset, last - first, first - low)
                 self.segments[index] = segment
                 self.tensors[index] = param.detach().view(-1)[segment.start:segment.start + segment.length]
@@ -152,48 +175,22 @@ class ZeroShards:
         return total.sqrt().reshape(()).to(shard_grads[0].dtype if shard_grads else like.dtype)
 
     def gather(self, buckets: Sequence[int]) -> None:
-        """All-gather every rank's updated shard of `buckets` (in order, on every rank) into the parameters."""
-        for bucket_index in buckets:
-            plan, size = self.layout.plan[bucket_index], self.shard_numel[bucket_index]
-            like = self.params[plan[0]]
-            full = self._scratch_for(like, size * self.world_size)
-            mine = full[self.rank * size:(self.rank + 1) * size]
-            segments = [self.segments[index] for index in plan if index in self.segments]
-            if segments:  # my shard, packed where the bucket puts it (the padding is never read)
-                torch._foreach_copy_([mine[s.offset:s.offset + s.length] for s in segments],
-                                     [self.tensors[s.param_index] for s in segments])
-            LEDGER.begin(f"ZeRO all-gather of updated parameters, bucket {bucket_index}", mine)
-            with LEDGER.waiting():
-                if self.shared_memory is not None:
-                    self.shared_memory.all_gather_async(full).wait()
-                else:
-                    dist.all_gather_single(full, mine, group=self.process_group)
-            targets, sources = self._peer_elements(plan, full)
-            if targets:
-                torch._foreach_copy_(targets, sources)
+        """All-gather every rank's updated shard of `buckets` into the parameters, in place (each bucket's
+        parameters are its flat buffer): issued in order on every rank, all queued before the first wait, so
+        the transport runs them back to back."""
+        LEDGER.begin(f"ZeRO all-gather of updated parameters, buckets {list(buckets)}",
+                     *(self.param_buffers[index] for index in buckets))
+        pending = [self._gather_async(self.param_buffers[index]) for index in buckets]
+        with LEDGER.waiting():
+            for work in pending:
+                work.wait()
 
-    def _peer_elements(self, plan: Sequence[int], full: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """The parameters' elements other ranks updated (mine are already in place), and where in the gathered
-        bucket `full` their new values are: at most two pieces per parameter."""
-        targets, sources, offset = [], [], 0
-        for index in plan:
-            flat, numel = self.params[index].detach().view(-1), self.params[index].numel()
-            segment = self.segments.get(index)
-            mine = (segment.start, segment.start + segment.length) if segment is not None else (numel, numel)
-            for low, high in ((0, mine[0]), (mine[1], numel)):
-                if high > low:
-                    targets.append(flat[low:high])
-                    sources.append(full[offset + low:offset + high])
-            offset += numel
-        return targets, sources
-
-    def _scratch_for(self, like: torch.Tensor, numel: int) -> torch.Tensor:
-        """One reused buffer per dtype and device, as long as the largest bucket gathered so far."""
-        key = (like.dtype, like.device)
-        found = self._scratch.get(key)
-        if found is None or found.numel() < numel:
-            found = self._scratch[key] = torch.empty(numel, dtype=like.dtype, device=like.device)
-        return found[:numel]
+    def _gather_async(self, flat: torch.Tensor) -> Any:
+        """One bucket's in-place all-gather: this rank's shard of `flat` in, every peer's shard out."""
+        if self.shared_memory is not None:
+            return self.shared_memory.all_gather_async(flat)
+        mine = flat.view(self.world_size, -1)[self.rank]
+        return dist.all_gather_into_tensor(flat, mine, group=self.process_group, async_op=True)
 
     # ------------------------------------------------------------------ reporting
     def measure_state(self, optimizers: Iterable[torch.optim.Optimizer]) -> None:

@@ -57,3 +57,32 @@ def test_only_elementwise_optimizers_are_sharded() -> None:
     check_elementwise(Mine([weight], lr=0.1))
     with pytest.raises(TypeError, match="zero_shardable"):
         check_elementwise(type("Other", (torch.optim.SGD,), {})([weight], lr=0.1))
+
+
+def test_parameters_move_into_their_buckets_flat_buffer_with_values_and_hooks_kept() -> None:
+    """The gather is in place because each bucket's parameters live in one flat buffer laid out as the bucket:
+    the same Parameter objects, same values, their gradient hooks (the reducer's) still firing."""
+    params = _params()
+    before = [param.detach().clone() for param in params]
+    fired: list[int] = []
+    for index, param in enumerate(params):
+        param.register_post_accumulate_grad_hook(lambda _p, index=index: fired.append(index))
+    layout = BucketLayout(params, plan_buckets(params, bucket_cap_mb=0.0004, first_bucket_cap_mb=0.0002), pad_to=3)
+    shards = ZeroShards(params, layout, rank=1, world_size=3)
+    for indexes, flat in zip(layout.plan, shards.param_buffers):
+        offset = 0
+        for index in indexes:
+            assert params[index].data_ptr() == flat[offset:].data_ptr()
+            assert torch.equal(params[index], before[index])
+            offset += params[index].numel()
+        assert flat.numel() % 3 == 0 and bool((flat[offset:] == 0).all())  # the padding
+    sum(param.sum() for param in params).backward()
+    assert sorted(fired) == list(range(len(params)))
+    assert all(torch.equal(param.grad, torch.ones_like(param)) for param in params)
+
+
+def test_a_non_contiguous_parameter_is_refused_by_index_and_shape() -> None:
+    params = [torch.nn.Parameter(torch.randn(4, 6)), torch.nn.Parameter(torch.randn(6, 4).t())]
+    layout = BucketLayout(params, [[0, 1]], pad_to=2)
+    with pytest.raises(ValueError, match=r"parameter 1 of shape \(4, 6\) is not"):
+        ZeroShards(params, layout, rank=0, world_size=2)
