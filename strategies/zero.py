@@ -178,12 +178,25 @@ class ZeroShards:
         """All-gather every rank's updated shard of `buckets` into the parameters, in place (each bucket's
         parameters are its flat buffer): issued in order on every rank, all queued before the first wait, so
         the transport runs them back to back."""
+        self._check_parameters_in_place(buckets)
         LEDGER.begin(f"ZeRO all-gather of updated parameters, buckets {list(buckets)}",
                      *(self.param_buffers[index] for index in buckets))
         pending = [self._gather_async(self.param_buffers[index]) for index in buckets]
         with LEDGER.waiting():
             for work in pending:
                 work.wait()
+
+    def _check_parameters_in_place(self, buckets: Sequence[int]) -> None:
+        """Refuse to go on when the module's parameters were given new storage after setup (`module.to(...)`
+        to another device or dtype, `.data = ...`): the optimizer would step, and the gather fill, the old
+        buffers while the module computes with the new ones. One pointer per bucket: a conversion moves all."""
+        for index in buckets:
+            param = self.params[self.layout.plan[index][0]]
+            if param.data_ptr() != self.param_buffers[index].data_ptr():
+                raise RuntimeError(f"zero_stage={self.zero_stage}: the parameters of bucket {index} no longer live in "
+                                   "the buffer they were moved to at setup (was the module moved or converted with "
+                                   ".to()/.half()/.data = ... during fit?). Convert the module before fit, or use "
+                                   "zero_stage=0.")
 
     def _gather_async(self, flat: torch.Tensor) -> Any:
         """One bucket's in-place all-gather: this rank's shard of `flat` in, every peer's shard out."""

@@ -86,3 +86,12 @@ def test_a_non_contiguous_parameter_is_refused_by_index_and_shape() -> None:
     layout = BucketLayout(params, [[0, 1]], pad_to=2)
     with pytest.raises(ValueError, match=r"parameter 1 of shape \(4, 6\) is not"):
         ZeroShards(params, layout, rank=0, world_size=2)
+
+
+def test_parameters_given_new_storage_after_setup_are_refused_before_the_gather() -> None:
+    params = _params()
+    layout = BucketLayout(params, [list(range(len(params)))], pad_to=1)
+    shards = ZeroShards(params, layout, rank=0, world_size=1)
+    params[0].data = params[0].detach().double()  # what a module.double() during fit does to every parameter
+    with pytest.raises(RuntimeError, match="bucket 0 no longer live in the buffer"):
+        shards.gather([0])
