@@ -245,7 +245,7 @@ def _configure_optimizers(trainer: Trainer, parts: Stage, module: nn.Module) -> 
                                                custom_scheduler_step=overrides(module, "lr_scheduler_step"))
     parts.strategy.setup_optimizers(optimizers, loss_scaling=parts.precision.scaler is not None)
     trainer.optimizers, trainer.lr_scheduler_configs = optimizers, schedulers
-    trainer.wrapped_optimizers = [ManualOptimizer(optimizer, trainer) for optimizer in optimizers]
+    trainer.wrapped_optimizers = [ManualOptimizer(optimizer, parts) for optimizer in optimizers]
 
 
 # ---------------------------------------------------------------------- reporting
