@@ -1,15 +1,18 @@
 """What one stage's loops use, handed to them instead of the whole Trainer (issue #41).
 
-run.py builds the stage's `Stage` once the strategy has set the module up and hands it to the loop drivers
-(the fit loop included) and to checkpoint loading. Only code reached through an API that hands over the
-Trainer alone builds one where it needs it (`Stage.of`: the same parts by reference, about 4 us): the
-module's `manual_backward` (`self.trainer`), `Trainer.save_checkpoint` (callbacks call it). It holds:
+run.py builds the stage's `Stage` once the strategy has set the module up and hands it to every loop driver
+(the fit loop included), to checkpoint loading and to the optimizers `self.optimizers()` returns. Only code
+reached through an API that hands over the Trainer alone builds one where it needs it (`Stage.of`: the same
+parts by reference, about 4 us): the module's `manual_backward` (it holds `self.trainer`),
+`Trainer.save_checkpoint` (callbacks call it), `Trainer.estimated_stepping_batches` (configure_optimizers
+asks), and the loggers' finalisation of a stage that failed before its Stage was built. It holds:
 
 * the Trainer's parts, by reference (the same objects the Trainer answers from, so what the loops
   change, the Trainer reports, and what a callback changes on the Trainer, the loops see);
 * `fixed`: the settings Lightning keeps private or read-only for a Trainer's life, as one frozen record;
 * `live`: the settings a user, a callback or the tuner may change while the stage runs (limits,
-  `accumulate_grad_batches`, ...: plain attributes of Lightning's Trainer), read when used;
+  `accumulate_grad_batches`, max_epochs, `val_check_interval`, ...: plain attributes of Lightning's
+  Trainer), read when used;
 * `attached`: what the stage attaches to the Trainer as it runs (the set-up module, the optimizers), read
   when used;
 * `trainer`: the Trainer typed as its contract (trainer/contract.py), only to hand to user hooks.
