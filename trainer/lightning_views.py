@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from trainer.schedule import FitSchedule, effective_max_epochs, validates_in_epoch
+from trainer.schedule import FitSchedule, effective_max_epochs, logs_at_step, validates_in_epoch
 from trainer.state import FitProgress
 
 if TYPE_CHECKING:
@@ -125,9 +125,8 @@ class LoggerConnectorView:
 
     @property
     def should_update_logs(self) -> bool:
-        every = self._trainer.log_every_n_steps
-        return bool(every) and ((self._trainer.progress.stepped_batches + 1) % every == 0
-                                or self._trainer.should_stop)
+        trainer = self._trainer
+        return logs_at_step(trainer.log_every_n_steps, trainer.progress.stepped_batches, trainer.should_stop)
 
 
 class PredictLoopView:

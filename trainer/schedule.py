@@ -112,6 +112,12 @@ def check_val_interval(schedule: FitSchedule) -> None:
                          "use a smaller int, a float fraction of the epoch, or check_val_every_n_epoch=None.")
 
 
+def logs_at_step(every: int, stepped_batches: int, should_stop: bool) -> bool:
+    """Whether the current batch's step metrics reach the loggers (Lightning's `should_update_logs`): every
+    `log_every_n_steps` (`every`) batches that stepped, counting this one, and on a stop request."""
+    return bool(every) and ((stepped_batches + 1) % every == 0 or should_stop)
+
+
 def can_stop_early(schedule: FitSchedule) -> bool:
     """`should_stop` is honoured only once min_epochs and min_steps are met (Lightning's rule)."""
     met_epochs = schedule.current_epoch >= (schedule.min_epochs or 0)

@@ -33,8 +33,8 @@ from trainer.loops.metric_writes import write_logger_metrics
 from trainer.loops.preemption import stop_if_preempted
 from trainer.loops.resume import ResumePoint
 from trainer.loops.training_step import run_training_batch, step_schedulers
-from trainer.schedule import (can_stop_early, check_val_interval, fit_done, max_steps_reached, time_is_up,
-                              validates_in_epoch, validation_due)
+from trainer.schedule import (can_stop_early, check_val_interval, fit_done, logs_at_step, max_steps_reached,
+                              time_is_up, validates_in_epoch, validation_due)
 
 
 def run_fit(parts: Stage, module: nn.Module, resume: ResumePoint) -> None:
@@ -248,8 +248,8 @@ def _log_step(parts: Stage, module: nn.Module, window_end: bool) -> None:
     automatic = bool(getattr(module, "automatic_optimization", True))
     if automatic and not window_end:
         return
-    every, run = parts.live.log_every_n_steps, parts.fit_run
-    if every and ((parts.progress.stepped_batches + 1) % every == 0 or run.should_stop):
+    run = parts.fit_run
+    if logs_at_step(parts.live.log_every_n_steps, parts.progress.stepped_batches, run.should_stop):
         run.nonfinite_watch.check(parts.strategy)  # values are read from the device here anyway
         write_logger_metrics(parts)
     else:
