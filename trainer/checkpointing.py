@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import warnings
-from typing import Any, NamedTuple, TYPE_CHECKING
+from typing import Any, NamedTuple
 
 import torch
 
@@ -16,15 +16,12 @@ from trainer.hparams import checkpoint_hparams
 from trainer.seed import gather_rng_states
 from trainer.stage import Stage
 
-if TYPE_CHECKING:
-    from trainer.trainer import Trainer
-
 FORMAT = "ddp-trainer"
 FORMAT_VERSION = 1
 OURS_KEY = "ddp_trainer"  # our exact-resume state, inside "loops" (earlier checkpoints: "loops" itself)
 
 
-def build_checkpoint(trainer: Trainer, module: Any, weights_only: bool = False) -> dict[str, Any]:
+def build_checkpoint(parts: Stage, module: Any, weights_only: bool = False) -> dict[str, Any]:
     """Everything needed to resume exactly, in Lightning's layout (its top-level keys, so Lightning
     can load our checkpoints and a callback sees the dict it expects): weights, optimizer and
     scheduler state, callback states, hyperparameters, and the loop position as Lightning's loop
@@ -33,40 +30,42 @@ def build_checkpoint(trainer: Trainer, module: Any, weights_only: bool = False) 
     top-level keys are exactly Lightning's and Lightning's loader (which reads its own loops'
     entries) passes it by. Its RNG states are stored as float64 tensors (exact: every value is
     below 2**53), so tools that compare two checkpoints' loops numerically can."""
-    ours = {**trainer.progress.state_dict(), "format": FORMAT, "format_version": FORMAT_VERSION}
+    progress, strategy = parts.progress, parts.strategy
+    ours = {**progress.state_dict(), "format": FORMAT, "format_version": FORMAT_VERSION}
     ours.pop("stage_counts")  # validate/test/predict counts belong to this Trainer, not to the fit resumed
     ours["run"] = run_identity(module)  # a fit resuming automatically checks it is the same run
-    mark = trainer.fit_run.preemption_mark
+    mark = parts.fit_run.preemption_mark
     if mark:
         ours["preemption"] = dict(mark)  # which signal; written at the agreed step boundary
     checkpoint: dict[str, Any] = {
-        "epoch": trainer.progress.current_epoch,
-        "global_step": trainer.progress.global_step,
+        "epoch": progress.current_epoch,
+        "global_step": progress.global_step,
         "pytorch-lightning_version": lightning_version(module),
         "state_dict": plain_state_dict(module.state_dict()),
-        "loops": {**lightning_loops(Stage.of(trainer)), OURS_KEY: ours},
+        "loops": {**lightning_loops(parts), OURS_KEY: ours},
     }
     _add_hparams(checkpoint, module, "hyper_parameters", "hparams_name")
-    if trainer.datamodule is not None:
-        _add_hparams(checkpoint, trainer.datamodule, "datamodule_hyper_parameters", "datamodule_hparams_name")
+    datamodule = parts.datamodule
+    if datamodule is not None:
+        _add_hparams(checkpoint, datamodule, "datamodule_hyper_parameters", "datamodule_hparams_name")
     if not weights_only:
-        checkpoint["callbacks"] = trainer.callback_list.state_dict()
-        strategy = trainer.strategy  # a sharded optimizer's state is gathered here (a collective)
-        checkpoint["optimizer_states"] = [strategy.optimizer_state_dict(optimizer) for optimizer in trainer.optimizers]
-        checkpoint["lr_schedulers"] = [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs]
-        ours["metrics"] = trainer.metric_store.state_dict()
-        ours["strategy"] = trainer.strategy.state_dict()  # e.g. the bucket cap "auto" settled on
-        ours["rng_states"] = _rng_as(torch.float64, gather_rng_states(trainer.strategy.all_gather_ranks,
-                                                                      trainer.strategy.root_device.type))
-        precision = trainer.precision_plugin.state_dict()
+        checkpoint["callbacks"] = parts.callbacks.state_dict()
+        # a sharded optimizer's state is gathered here (a collective)
+        optimizers = parts.attached.optimizers
+        checkpoint["optimizer_states"] = [strategy.optimizer_state_dict(optimizer) for optimizer in optimizers]
+        checkpoint["lr_schedulers"] = [config.scheduler.state_dict() for config in parts.attached.lr_scheduler_configs]
+        ours["metrics"] = parts.metrics.state_dict()
+        ours["strategy"] = strategy.state_dict()  # e.g. the bucket cap "auto" settled on
+        ours["rng_states"] = _rng_as(torch.float64, gather_rng_states(strategy.all_gather_ranks,
+                                                                      strategy.root_device.type))
+        precision = parts.precision.state_dict()
         if precision:
             checkpoint[_PRECISION_KEY] = precision
-        datamodule = trainer.datamodule
         if datamodule is not None and callable(getattr(datamodule, "state_dict", None)):
             state = datamodule.state_dict()
             if state:
                 checkpoint[type(datamodule).__qualname__] = state
-    trainer.callback_list.call("on_save_checkpoint", trainer, module, checkpoint)
+    parts.callbacks.call("on_save_checkpoint", parts.trainer, module, checkpoint)
     return checkpoint
 
 
@@ -190,12 +189,13 @@ def describe_mismatch(expected: dict[str, Any], found: dict[str, Any], shown: in
     return "; ".join(parts) or "the state_dict does not load"
 
 
-def restore_callbacks(trainer: Trainer, module: Any, checkpoint: dict[str, Any]) -> None:
+def restore_callbacks(parts: Stage, module: Any, checkpoint: dict[str, Any]) -> None:
     """Right after the weights, before `configure_optimizers` (Lightning's order): the module's
     `on_load_checkpoint`, then each callback's, then the callbacks' saved states."""
-    trainer.callback_list.call_module("on_load_checkpoint", module, checkpoint)
-    trainer.callback_list.call_callbacks("on_load_checkpoint", trainer, module, checkpoint)
-    trainer.callback_list.load_state_dict(checkpoint.get("callbacks", {}))
+    callbacks = parts.callbacks
+    callbacks.call_module("on_load_checkpoint", module, checkpoint)
+    callbacks.call_callbacks("on_load_checkpoint", parts.trainer, module, checkpoint)
+    callbacks.load_state_dict(checkpoint.get("callbacks", {}))
 
 
 class SavedPosition(NamedTuple):
@@ -206,42 +206,42 @@ class SavedPosition(NamedTuple):
     rng_states: dict[str, Any] | None
 
 
-def restore_training_state(trainer: Trainer, module: Any, checkpoint: dict[str, Any],
-                           path: str | os.PathLike[str]) -> SavedPosition:
+def restore_training_state(parts: Stage, checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> SavedPosition:
     """Optimizers, schedulers, scaler and the loop's progress; returns the rest of the saved position."""
     optimizer_states = checkpoint.get("optimizer_states")
     if optimizer_states is None:
         raise CheckpointError(f"{path!r} holds weights only (save_weights_only=True); it cannot resume training. "
                               "Load it with LightningModule.load_from_checkpoint instead.")
-    if len(optimizer_states) != len(trainer.optimizers):
+    optimizers = parts.attached.optimizers
+    if len(optimizer_states) != len(optimizers):
         raise CheckpointError(f"{path!r} holds {len(optimizer_states)} optimizer state(s) but "
-                              f"configure_optimizers() returned {len(trainer.optimizers)}.")
-    for optimizer, state in zip(trainer.optimizers, optimizer_states):
+                              f"configure_optimizers() returned {len(optimizers)}.")
+    for optimizer, state in zip(optimizers, optimizer_states):
         optimizer.load_state_dict(state)
-    for config, state in zip(trainer.lr_scheduler_configs, checkpoint.get("lr_schedulers", [])):
+    for config, state in zip(parts.attached.lr_scheduler_configs, checkpoint.get("lr_schedulers", [])):
         config.scheduler.load_state_dict(state)
-    trainer.precision_plugin.load_state_dict(checkpoint.get(_PRECISION_KEY, checkpoint.get("precision", {})))
-    trainer.metric_store.load_state_dict(_saved(checkpoint, "metrics", {}))
-    trainer.strategy.load_state_dict(_saved(checkpoint, "strategy", {}))
-    trainer.progress.load_state_dict(_loop_position(checkpoint, trainer.accumulate_grad_batches))
-    _check_not_past_max_epochs(trainer, path)
+    parts.precision.load_state_dict(checkpoint.get(_PRECISION_KEY, checkpoint.get("precision", {})))
+    parts.metrics.load_state_dict(_saved(checkpoint, "metrics", {}))
+    parts.strategy.load_state_dict(_saved(checkpoint, "strategy", {}))
+    parts.progress.load_state_dict(_loop_position(checkpoint, parts.live.accumulate_grad_batches))
+    _check_not_past_max_epochs(parts, path)
     return SavedPosition(saved_loader_states(checkpoint), _rng_as(torch.int64, _saved(checkpoint, "rng_states", None)))
 
 
-def restore_datamodule(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
+def restore_datamodule(parts: Stage, checkpoint: dict[str, Any]) -> None:
     """The datamodule's own state (its `load_state_dict`), restored with the module and callbacks."""
-    datamodule = trainer.datamodule
+    datamodule = parts.datamodule
     if datamodule is not None and callable(getattr(datamodule, "load_state_dict", None)):
         state = checkpoint.get(type(datamodule).__qualname__, checkpoint.get("datamodule"))
         if state:
             datamodule.load_state_dict(state)
 
 
-def _check_not_past_max_epochs(trainer: Trainer, path: str | os.PathLike[str]) -> None:
+def _check_not_past_max_epochs(parts: Stage, path: str | os.PathLike[str]) -> None:
     """Resuming past the last epoch would silently train nothing (Lightning raises too)."""
-    max_epochs = trainer.max_epochs
-    if max_epochs is not None and max_epochs != -1 and trainer.progress.current_epoch > max_epochs:
-        raise CheckpointError(f"{path!r} was written in epoch {trainer.progress.current_epoch}, past "
+    max_epochs, epoch = parts.live.max_epochs, parts.progress.current_epoch
+    if max_epochs is not None and max_epochs != -1 and epoch > max_epochs:
+        raise CheckpointError(f"{path!r} was written in epoch {epoch}, past "
                               f"Trainer(max_epochs={max_epochs}): raise max_epochs to train on, or load only the "
                               "weights (LightningModule.load_from_checkpoint).")
 

@@ -153,6 +153,11 @@ class DataSources:
     def val_defined(self, datamodule: Any, module: Any) -> bool:
         return self.defined("validate", datamodule, module)
 
+    def validates(self, datamodule: Any, module: Any, limit_val_batches: int | float) -> bool:
+        """Whether the fit validates at all (Lightning's `trainer.enable_validation`): validation data is
+        defined and `limit_val_batches` is not 0."""
+        return self.val_defined(datamodule, module) and limit_val_batches != 0
+
     def request(self, stage: str, source: LoaderSource, required: bool = True) -> list[Any]:
         """Call the stage's hook (or take the given loaders), shard them for this rank, remember them."""
         loaders = self.given.get(stage)

@@ -7,19 +7,32 @@ exactly what Lightning 2.6's callbacks read (`trainer.fit_loop.epoch_loop...`,
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from trainer.schedule import effective_max_epochs, validates_in_epoch
+from trainer.schedule import FitSchedule, effective_max_epochs, logs_at_step, validates_in_epoch
+from trainer.state import FitProgress
 
 if TYPE_CHECKING:
     from trainer.prediction_run import PredictionRun
-    from trainer.trainer import Trainer
+
+
+class ViewedTrainer(FitSchedule, Protocol):
+    """What the views read of our Trainer: the fit's schedule and progress; `trainer.fit_loop` also lets a
+    user set the two loop limits (mypy checks the Trainer against it where trainer.py builds the views)."""
+
+    max_epochs: int | None
+    max_steps: int
+
+    @property
+    def progress(self) -> FitProgress: ...
+    @property
+    def log_every_n_steps(self) -> int: ...
 
 
 class _Counts:
     """Lightning's progress counters, all equal to the batches finished in the epoch."""
 
-    def __init__(self, trainer: Trainer) -> None:
+    def __init__(self, trainer: ViewedTrainer) -> None:
         self._trainer = trainer
 
     def __getattr__(self, name: str) -> int:
@@ -29,7 +42,7 @@ class _Counts:
 
 
 class _BatchProgress:
-    def __init__(self, trainer: Trainer) -> None:
+    def __init__(self, trainer: ViewedTrainer) -> None:
         self._trainer = trainer
         self.current = _Counts(trainer)
 
@@ -39,7 +52,7 @@ class _BatchProgress:
 
 
 class _ValLoop:
-    def __init__(self, trainer: Trainer) -> None:
+    def __init__(self, trainer: ViewedTrainer) -> None:
         self._trainer = trainer
 
     @property
@@ -48,7 +61,7 @@ class _ValLoop:
 
 
 class _EpochLoop:
-    def __init__(self, trainer: Trainer) -> None:
+    def __init__(self, trainer: ViewedTrainer) -> None:
         self._trainer = trainer
         self.batch_progress = _BatchProgress(trainer)
         self.val_loop = _ValLoop(trainer)
@@ -68,7 +81,7 @@ class _EpochLoop:
 class FitLoopView:
     """`trainer.fit_loop` as far as Lightning's callbacks look into it."""
 
-    def __init__(self, trainer: Trainer) -> None:
+    def __init__(self, trainer: ViewedTrainer) -> None:
         self._trainer = trainer
         self.epoch_loop = _EpochLoop(trainer)
 
@@ -107,14 +120,13 @@ class FitLoopView:
 class LoggerConnectorView:
     """`trainer._logger_connector.should_update_logs`: will the current batch's values be logged."""
 
-    def __init__(self, trainer: Trainer) -> None:
+    def __init__(self, trainer: ViewedTrainer) -> None:
         self._trainer = trainer
 
     @property
     def should_update_logs(self) -> bool:
-        every = self._trainer.log_every_n_steps
-        return bool(every) and ((self._trainer.progress.stepped_batches + 1) % every == 0
-                                or self._trainer.should_stop)
+        trainer = self._trainer
+        return logs_at_step(trainer.log_every_n_steps, trainer.progress.stepped_batches, trainer.should_stop)
 
 
 class PredictLoopView:

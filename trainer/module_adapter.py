@@ -19,17 +19,14 @@ from __future__ import annotations
 import sys
 import types
 from collections.abc import Callable
-from typing import Any, TYPE_CHECKING
+from typing import Any
 
 from torch import nn
 
 from trainer import module as module_api
 from trainer.backward import backward
-from trainer.stage import Stage
+from trainer.stage import Stage, StageOwner
 from trainer.module import LightningModule
-
-if TYPE_CHECKING:
-    from trainer.trainer import Trainer
 
 _LIGHTNING_RANK_MODULE = "lightning_utilities.core.rank_zero"  # shared by both Lightning packages
 
@@ -57,7 +54,7 @@ def check_module(module: Any, stage: str = "fit") -> None:
                         "Subclass trainer.LightningModule and implement them.")
 
 
-def attach(module: nn.Module, trainer: Trainer) -> None:
+def attach(module: nn.Module, trainer: StageOwner) -> None:
     """Give the module (and nested Lightning modules) a reference to the trainer."""
     for child in module.modules():
         if child is module or _looks_like_lightning_module(child):
@@ -77,7 +74,7 @@ def unbind_api(module: nn.Module) -> None:
                 child.__dict__["manual_backward"] = users
 
 
-def _attach_one(module: nn.Module, trainer: Trainer) -> None:
+def _attach_one(module: nn.Module, trainer: StageOwner) -> None:
     module.__dict__["_trainer"] = trainer
     module.__dict__.setdefault("_current_fx_name", None)
     if isinstance(module, LightningModule):
@@ -117,7 +114,7 @@ class _BackwardRouting:
     that `strategy.backward(loss, optimizer, *args, **kwargs)` runs the Trainer's backward (precision
     scaling, the backward hooks, the strategy's synchronised pass) for the module being trained."""
 
-    def __init__(self, trainer: Trainer, trained: nn.Module) -> None:
+    def __init__(self, trainer: StageOwner, trained: nn.Module) -> None:
         self._routed = trainer
         self.strategy = _StrategyBackward(trainer, trained)
 
@@ -126,10 +123,11 @@ class _BackwardRouting:
 
 
 class _StrategyBackward:
-    def __init__(self, trainer: Trainer, trained: nn.Module) -> None:
+    def __init__(self, trainer: StageOwner, trained: nn.Module) -> None:
         self._trainer, self._trained = trainer, trained
 
     def backward(self, loss: Any, optimizer: Any = None, *args: Any, **kwargs: Any) -> None:
+        # Lightning's `manual_backward` reaches us through `self.trainer.strategy` alone: the Stage of that Trainer
         backward(Stage.of(self._trainer), self._trained, loss, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:

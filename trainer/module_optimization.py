@@ -40,7 +40,7 @@ def manual_backward(module: nn.Module, loss: torch.Tensor, *args: Any, **kwargs:
     if getattr(module, "automatic_optimization", True):
         raise RuntimeError("manual_backward() is for manual optimization: set `self.automatic_optimization = False` "
                            "in __init__, or return the loss from training_step.")
-    backward(Stage.of(trainer), module, loss, *args, **kwargs)
+    backward(Stage.of(trainer), module, loss, *args, **kwargs)  # the module API holds the Trainer alone
 
 
 def clip_gradients(module: nn.Module, optimizer: Any, gradient_clip_val: float | None = None,

@@ -11,7 +11,7 @@ from typing import Any, TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from trainer.trainer import Trainer
+    from trainer.stage import Stage
 
 _COMPARED = ("scheduler", "interval", "frequency", "monitor", "name", "strict", "reduce_on_plateau")
 _SCHEDULER_KEYS = {"scheduler", "interval", "frequency", "monitor", "name", "strict", "reduce_on_plateau"}
@@ -182,11 +182,11 @@ class ManualOptimizer:
     """What `self.optimizers()` returns: `.step()` goes through the precision plugin (loss
     scaling) and counts into `trainer.global_step`, as Lightning's LightningOptimizer does."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, trainer: Trainer) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, parts: Stage) -> None:
         # Present as a subclass of the wrapped optimizer's class so `isinstance(opt, SGD)` and
         # `isinstance(opt, Optimizer)` hold in user code; state lives on the wrapped object.
         self.__dict__["optimizer"] = optimizer
-        self.__dict__["_trainer"] = trainer
+        self.__dict__["_stage"] = parts  # the fit's Stage (run.py): its progress, precision, hooks
         object.__setattr__(self, "__class__",
                            type(f"Manual{type(optimizer).__name__}", (ManualOptimizer, type(optimizer)), {}))
 
@@ -194,23 +194,22 @@ class ManualOptimizer:
         """In manual optimization (Lightning's order): the closure, `on_before_optimizer_step`,
         the update, and one more `global_step`. In automatic optimization the loop hands this
         wrapper to `optimizer_step` with a closure that already runs those hooks, and counts."""
-        trainer = self._trainer
-        manual = not bool(getattr(trainer.lightning_module, "automatic_optimization", True))
+        parts = self._stage
+        manual = not bool(getattr(parts.module, "automatic_optimization", True))
         if manual:
             closure = self._with_step_hooks(closure)
-        result = trainer.precision_plugin.optimizer_for_step(self.optimizer).step(closure=closure, **kwargs)
+        result = parts.precision.optimizer_for_step(self.optimizer).step(closure=closure, **kwargs)
         if manual:
-            trainer.progress.global_step += 1
+            parts.progress.global_step += 1
         return result
 
     def _with_step_hooks(self, closure: Any) -> Any:
-        trainer, optimizer = self._trainer, self.optimizer
+        parts, optimizer = self._stage, self.optimizer
 
         def run_closure_then_hooks() -> Any:
             with torch.enable_grad():
                 result = closure() if closure is not None else None
-            module = trainer.lightning_module
-            trainer.callback_list.call("on_before_optimizer_step", trainer, module, optimizer)
+            parts.callbacks.call("on_before_optimizer_step", parts.trainer, parts.module, optimizer)
             return result
 
         return run_closure_then_hooks

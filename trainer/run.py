@@ -99,7 +99,7 @@ def _on_exception(trainer: Trainer, model: nn.Module, error: BaseException) -> N
     trainer.callback_list.call("on_exception", trainer, model, error)
     if trainer.datamodule is not None:
         trainer.callback_list.call_module("on_exception", trainer.datamodule, error)
-    _finalize_loggers(trainer, "failed")
+    _finalize_loggers(Stage.of(trainer), "failed")  # the stage may have failed before its Stage was built
 
 
 def _add_module_callbacks(trainer: Trainer, model: nn.Module) -> None:
@@ -130,8 +130,9 @@ def _run(trainer: Trainer, model: nn.Module, request: StageRequest) -> Any:
     module = strategy.setup_module(trainer.precision_plugin.convert_module(model), for_training=stage == "fit")
     trainer.lightning_module = module
     callbacks.lend_logging(module)
+    parts = Stage.of(trainer)  # the stage's one Stage: its parts are not replaced while it runs
     with compiled_steps(strategy.unwrap(module), strategy):
-        output = _run_entry(trainer, Stage.of(trainer), module, stage, request)
+        output = _run_entry(trainer, parts, module, stage, request)
     if trainer.datamodule is not None:  # Lightning: the DataModule first, then callbacks, then the module
         trainer.datamodule.teardown(stage=stage)
     callbacks.call("teardown", trainer, module, stage=stage)
@@ -140,21 +141,21 @@ def _run(trainer: Trainer, model: nn.Module, request: StageRequest) -> Any:
 
 def _run_entry(trainer: Trainer, parts: Stage, module: nn.Module, stage: str, request: StageRequest) -> Any:
     if stage == "fit":
-        return _fit(trainer, module, request.checkpoint)
+        return _fit(trainer, parts, module, request.checkpoint)
     if stage == "predict":
-        _start_from_checkpoint(trainer, module, stage, request.checkpoint)
+        _start_from_checkpoint(trainer, parts, module, stage, request.checkpoint)
         _log_hyperparams(trainer, module)
         module.zero_grad()
         loaders = parts.data.request("predict", parts.loader_source()) if parts.live.limit_predict_batches != 0 else []
         run = PredictionRun.start(loaders, trainer.callbacks, request.return_predictions is not False)
         trainer.prediction_run = run  # what prediction writers read through trainer.predict_loop
         output = run_predict(parts, module, run)
-        _finalize_loggers(trainer, "success")
+        _finalize_loggers(parts, "success")
         return output
     return _evaluate(trainer, parts, module, stage, request.checkpoint, request.verbose)
 
 
-def _start_from_checkpoint(trainer: Trainer, module: nn.Module, stage: str,
+def _start_from_checkpoint(trainer: Trainer, parts: Stage, module: nn.Module, stage: str,
                            request: CheckpointRequest) -> ChosenCheckpoint:
     """The checkpoint the stage starts from (trainer/checkpoint_choice.py chooses it), its weights put back,
     then the module's and the callbacks' `on_load_checkpoint` and the callbacks' states (fit: the
@@ -162,49 +163,49 @@ def _start_from_checkpoint(trainer: Trainer, module: nn.Module, stage: str,
     chosen = choose_checkpoint(trainer, stage, module, request)
     trainer.ckpt_path = chosen.path
     if stage == "fit":
-        trainer.fit_run.resumed_after_preemption = chosen.resumes_preempted_run
+        parts.fit_run.resumed_after_preemption = chosen.resumes_preempted_run
     if chosen.contents is None or chosen.path is None:
         return chosen
-    checkpointing.restore_module(trainer.strategy.unwrap(module), chosen.contents, chosen.path)
+    checkpointing.restore_module(parts.strategy.unwrap(module), chosen.contents, chosen.path)
     if stage == "fit":
-        checkpointing.restore_datamodule(trainer, chosen.contents)
-    checkpointing.restore_callbacks(trainer, module, chosen.contents)
+        checkpointing.restore_datamodule(parts, chosen.contents)
+    checkpointing.restore_callbacks(parts, module, chosen.contents)
     return chosen
 
 
-def _fit(trainer: Trainer, module: nn.Module, ckpt: CheckpointRequest) -> None:
+def _fit(trainer: Trainer, parts: Stage, module: nn.Module, ckpt: CheckpointRequest) -> None:
     """The fit stage; a preemption notice from here on stops it at a step boundary with a checkpoint. The
     watch stays on the trainer after the fit (its signals no longer caught), so hooks that run as the fit
     ends, `on_exception` included, and the user afterwards read `received_sigterm` as in Lightning."""
-    with trainer.strategy.preemption_watch() as watch:
-        trainer.fit_run.preemption_watch = watch
-        _fit_watched(trainer, module, ckpt)
+    with parts.strategy.preemption_watch() as watch:
+        parts.fit_run.preemption_watch = watch
+        _fit_watched(trainer, parts, module, ckpt)
 
 
-def _fit_watched(trainer: Trainer, module: nn.Module, ckpt: CheckpointRequest) -> None:
-    chosen = _start_from_checkpoint(trainer, module, "fit", ckpt)
+def _fit_watched(trainer: Trainer, parts: Stage, module: nn.Module, ckpt: CheckpointRequest) -> None:
+    chosen = _start_from_checkpoint(trainer, parts, module, "fit", ckpt)
     # Lightning's point: the setup hooks and on_load_checkpoint still saw the last stage's metrics
     # (evaluation stages clear them when their loop starts)
-    trainer.metric_store.clear_views()
-    _configure_optimizers(trainer, module)
-    callbacks = trainer.callback_list
+    parts.metrics.clear_views()
+    _configure_optimizers(trainer, parts, module)
+    callbacks = parts.callbacks
     callbacks.call("on_fit_start", trainer, module)
     _log_hyperparams(trainer, module)  # every stage, after on_fit_start in fit (Lightning's order)
     resume = ResumePoint()  # a fit without a checkpoint goes on from the Trainer's progress
     if chosen.contents is not None and chosen.path is not None:
         # Lightning's order: after on_fit_start, so a callback that changes the optimizer there (BaseFinetuning
         # adds back the parameter groups it had unfrozen) gets the saved state into the optimizer it rebuilt
-        saved = checkpointing.restore_training_state(trainer, module, chosen.contents, chosen.path)
-        resume = ResumePoint.restored(trainer.progress, saved.loader_states, saved.rng_states)
+        saved = checkpointing.restore_training_state(parts, chosen.contents, chosen.path)
+        resume = ResumePoint.restored(parts.progress, saved.loader_states, saved.rng_states)
     module.zero_grad()
-    with torch.autograd.set_detect_anomaly(trainer.detect_anomaly):
-        run_fit(trainer, module, resume)
-    trainer.strategy.finish_checkpoints()  # a background write's error is the fit's, before on_fit_end
+    with torch.autograd.set_detect_anomaly(parts.fixed.detect_anomaly):
+        run_fit(parts, module, resume)
+    parts.strategy.finish_checkpoints()  # a background write's error is the fit's, before on_fit_end
     callbacks.call("on_fit_end", trainer, module)
-    if trainer.fit_run.resumed_after_preemption:  # the preempted run is complete: a later fit starts afresh
+    if parts.fit_run.resumed_after_preemption:  # the preempted run is complete: a later fit starts afresh
         discard_preemption_checkpoint(trainer)
-        trainer.fit_run.resumed_after_preemption = False
-    _finalize_loggers(trainer, "success")
+        parts.fit_run.resumed_after_preemption = False
+    _finalize_loggers(parts, "success")
 
 
 def _evaluate(trainer: Trainer, parts: Stage, module: nn.Module, stage: str, ckpt: CheckpointRequest,
@@ -212,13 +213,13 @@ def _evaluate(trainer: Trainer, parts: Stage, module: nn.Module, stage: str, ckp
     if not has_step(module, stage):
         step = "validation_step" if stage == "validate" else "test_step"
         raise NotImplementedError(f"Trainer.{stage}() needs {type(module).__name__}.{step}(batch, batch_idx).")
-    _start_from_checkpoint(trainer, module, stage, ckpt)
+    _start_from_checkpoint(trainer, parts, module, stage, ckpt)
     _log_hyperparams(trainer, module)
     module.zero_grad()
     limit = parts.live.limit_val_batches if stage == "validate" else parts.live.limit_test_batches
     loaders = parts.data.request(stage, parts.loader_source()) if limit != 0 else []
     results = run_evaluation(parts, module, loaders, stage)
-    _finalize_loggers(trainer, "success")
+    _finalize_loggers(parts, "success")
     if verbose and results and any(results) and trainer.is_global_zero:
         print_results(stage, results)
     return results
@@ -238,13 +239,13 @@ def _prepare_data(trainer: Trainer, module: nn.Module) -> None:
 
 
 # ---------------------------------------------------------------------- optimizers and checkpoints
-def _configure_optimizers(trainer: Trainer, module: nn.Module) -> None:
-    returned = trainer.callback_list.call_module("configure_optimizers", module)
+def _configure_optimizers(trainer: Trainer, parts: Stage, module: nn.Module) -> None:
+    returned = parts.callbacks.call_module("configure_optimizers", module)
     optimizers, schedulers = settle_optimizers(returned, module, automatic=automatic_optimization(module),
                                                custom_scheduler_step=overrides(module, "lr_scheduler_step"))
-    trainer.strategy.setup_optimizers(optimizers, loss_scaling=trainer.precision_plugin.scaler is not None)
+    parts.strategy.setup_optimizers(optimizers, loss_scaling=parts.precision.scaler is not None)
     trainer.optimizers, trainer.lr_scheduler_configs = optimizers, schedulers
-    trainer.wrapped_optimizers = [ManualOptimizer(optimizer, trainer) for optimizer in optimizers]
+    trainer.wrapped_optimizers = [ManualOptimizer(optimizer, parts) for optimizer in optimizers]
 
 
 # ---------------------------------------------------------------------- reporting
@@ -266,8 +267,8 @@ def _log_hyperparams(trainer: Trainer, module: nn.Module) -> None:
             logger.save()
 
 
-def _finalize_loggers(trainer: Trainer, status: str) -> None:
-    if trainer.is_global_zero:
-        write_logger_metrics(Stage.of(trainer))
-        for logger in trainer.loggers:
+def _finalize_loggers(parts: Stage, status: str) -> None:
+    if parts.strategy.is_global_zero:
+        write_logger_metrics(parts)
+        for logger in parts.loggers:
             logger.finalize(status)

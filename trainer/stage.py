@@ -1,17 +1,25 @@
 """What one stage's loops use, handed to them instead of the whole Trainer (issue #41).
 
-run.py builds the stage's `Stage` once the strategy has set the module up. Until the fit loop takes it too
-(#41), code that still holds the Trainer (fit_loop.py, the module's backward, checkpointing) builds one where
-it calls a driver (`Stage.of`: the same parts by reference, about 4 us). It holds:
+run.py builds the stage's `Stage` once the strategy has set the module up and hands it to every loop driver
+(the fit loop included), to checkpoint loading and to the optimizers `self.optimizers()` returns. Only code
+reached through an API that hands over the Trainer alone builds one where it needs it (`Stage.of`: the same
+parts by reference, about 4 us): the module's `manual_backward` (it holds `self.trainer`),
+`Trainer.save_checkpoint` (callbacks call it), `Trainer.estimated_stepping_batches` (configure_optimizers
+asks), and the loggers' finalisation of a stage that failed before its Stage was built. It holds:
 
 * the Trainer's parts, by reference (the same objects the Trainer answers from, so what the loops
   change, the Trainer reports, and what a callback changes on the Trainer, the loops see);
 * `fixed`: the settings Lightning keeps private or read-only for a Trainer's life, as one frozen record;
 * `live`: the settings a user, a callback or the tuner may change while the stage runs (limits,
-  `accumulate_grad_batches`, ...: plain attributes of Lightning's Trainer), read when used;
+  `accumulate_grad_batches`, max_epochs, `val_check_interval`, ...: plain attributes of Lightning's
+  Trainer), read when used;
 * `attached`: what the stage attaches to the Trainer as it runs (the set-up module, the optimizers), read
   when used;
 * `trainer`: the Trainer typed as its contract (trainer/contract.py), only to hand to user hooks.
+
+It answers the fit's schedule (trainer/schedule.py's `FitSchedule`: progress, `should_stop` and the
+schedule's settings) by reading its parts and `live` at each call, as the Trainer does, so one set of
+rules serves both.
 
 A leaf: it imports no loop, and knows the Trainer only through protocols (`StageOwner` extends the
 contract with the parts), which mypy checks the Trainer against.
@@ -19,6 +27,7 @@ contract with the parts), which mypy checks the Trainer against.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -28,15 +37,18 @@ from trainer.contract import TrainerContract
 from trainer.data_sources import DataSources, LoaderSource
 from trainer.logged_metrics import MetricStore
 from trainer.precision import Precision
+from trainer.schedule import ScheduleSettings
 from trainer.state import FitProgress, FitRun, TrainerStatus
 
 if TYPE_CHECKING:
+    from datetime import timedelta
+
     from strategies.base import Strategy
 
 
 class HookCalls(Protocol):
-    """How the loops call hooks: the Trainer's callback list (trainer/callbacks/dispatch.py), by what it does,
-    so that this module stays out of the callbacks' imports."""
+    """How the loops call hooks (and checkpointing keeps the callbacks' states): the Trainer's callback list
+    (trainer/callbacks/dispatch.py), by what it does, so that this module stays out of the callbacks' imports."""
 
     def call(self, hook: str, trainer: TrainerContract, module: nn.Module, *args: Any, **kwargs: Any) -> Any: ...
 
@@ -47,6 +59,10 @@ class HookCalls(Protocol):
                        monitoring: bool | None = None, **kwargs: Any) -> None: ...
 
     def call_module(self, hook: str, module: Any, *args: Any, **kwargs: Any) -> Any: ...
+
+    def state_dict(self) -> dict[str, Any]: ...  # the callbacks' states, for a checkpoint
+
+    def load_state_dict(self, states: dict[str, Any]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -59,14 +75,14 @@ class FixedSettings:
     on_nonfinite: str
 
 
-class LiveSettings(Protocol):
+class LiveSettings(ScheduleSettings, Protocol):
     """The Trainer's settings that may change while a stage runs (the tuner sets the limits, a callback
-    `accumulate_grad_batches` or `num_sanity_val_steps`): read at the point of use."""
+    `accumulate_grad_batches` or `num_sanity_val_steps`, `trainer.fit_loop.max_epochs = n` trains on; plain
+    attributes of Lightning's Trainer): read at the point of use. The schedule's own (max_epochs, ...) come
+    from trainer/schedule.py's `ScheduleSettings`."""
 
     @property
     def limit_train_batches(self) -> int | float: ...
-    @property
-    def limit_val_batches(self) -> int | float: ...
     @property
     def limit_test_batches(self) -> int | float: ...
     @property
@@ -76,11 +92,13 @@ class LiveSettings(Protocol):
     @property
     def num_sanity_val_steps(self) -> int: ...
     @property
-    def accumulate_grad_batches(self) -> int: ...  # GradientAccumulationScheduler sets it as each epoch starts
-    @property
     def gradient_clip_val(self) -> float | None: ...
     @property
     def gradient_clip_algorithm(self) -> str | None: ...
+    @property
+    def reload_dataloaders_every_n_epochs(self) -> int: ...
+    @property
+    def log_every_n_steps(self) -> int: ...
 
 
 class Attached(Protocol):
@@ -99,6 +117,8 @@ class Attached(Protocol):
     def wrapped_optimizers(self) -> list[Any]: ...
     @property
     def lr_scheduler_configs(self) -> list[Any]: ...
+    @property
+    def ckpt_path(self) -> str | os.PathLike[str] | None: ...  # the checkpoint the stage started from
 
 
 class StageOwner(TrainerContract, LiveSettings, Attached, Protocol):
@@ -170,6 +190,63 @@ class Stage:
     @property
     def loggers(self) -> list[Any]:
         return self.attached.loggers
+
+    # The fit's schedule (trainer/schedule.py's FitSchedule), answered as the Trainer answers it.
+    @property
+    def current_epoch(self) -> int:
+        return self.progress.current_epoch
+
+    @property
+    def global_step(self) -> int:
+        return self.progress.global_step
+
+    @property
+    def should_stop(self) -> bool:
+        return self.fit_run.should_stop
+
+    @property
+    def num_training_batches(self) -> int | float:
+        return self.data.counts.train
+
+    @property
+    def enable_validation(self) -> bool:
+        return self.data.validates(self.datamodule, self.module, self.live.limit_val_batches)
+
+    @property
+    def max_epochs(self) -> int | None:
+        return self.live.max_epochs
+
+    @property
+    def min_epochs(self) -> int | None:
+        return self.live.min_epochs
+
+    @property
+    def max_steps(self) -> int:
+        return self.live.max_steps
+
+    @property
+    def min_steps(self) -> int | None:
+        return self.live.min_steps
+
+    @property
+    def max_time(self) -> timedelta | None:
+        return self.live.max_time
+
+    @property
+    def val_check_interval(self) -> int | float:
+        return self.live.val_check_interval
+
+    @property
+    def check_val_every_n_epoch(self) -> int | None:
+        return self.live.check_val_every_n_epoch
+
+    @property
+    def limit_val_batches(self) -> int | float:
+        return self.live.limit_val_batches
+
+    @property
+    def accumulate_grad_batches(self) -> int:
+        return self.live.accumulate_grad_batches
 
     def loader_source(self) -> LoaderSource:
         """What the data sources request this stage's loaders from, read now."""

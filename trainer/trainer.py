@@ -224,7 +224,7 @@ class Trainer:
         self.fit_run.nonfinite_watch.check(self.strategy)  # never save weights a non-finite step has already spoiled
         with self.profiler.profile("save_checkpoint"):
             module = self.strategy.unwrap(self.lightning_module)
-            checkpoint = build_checkpoint(self, module, weights_only)
+            checkpoint = build_checkpoint(Stage.of(self), module, weights_only)  # callbacks hand us the Trainer
             if background:
                 self.strategy.save_checkpoint(checkpoint, filepath, background=True)
             else:  # a strategy written before `background` existed takes (checkpoint, path)
@@ -368,7 +368,7 @@ class Trainer:
 
     @property
     def enable_validation(self) -> bool:
-        return self.data.val_defined(self.datamodule, self.lightning_module) and self.limit_val_batches != 0
+        return self.data.validates(self.datamodule, self.lightning_module, self.limit_val_batches)
 
     train_dataloader = _read_only("data.train_dataloader")
     val_dataloaders = _read_only("data.val_dataloaders")

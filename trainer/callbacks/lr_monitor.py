@@ -10,6 +10,7 @@ from typing_extensions import override
 
 from trainer.callbacks.base import Callback
 from trainer.contract import TrainerContract
+from trainer.schedule import logs_at_step
 
 
 class LearningRateMonitor(Callback):
@@ -50,8 +51,7 @@ class LearningRateMonitor(Callback):
     @override
     def on_train_batch_start(self, trainer: TrainerContract, pl_module: Any, batch: Any, batch_idx: int) -> None:
         step = _batches_stepped(trainer)  # one per batch however many optimizers stepped (Lightning's count)
-        every = trainer.log_every_n_steps
-        due = bool(every) and ((step + 1) % every == 0 or trainer.should_stop)
+        due = logs_at_step(trainer.log_every_n_steps, step, trainer.should_stop)
         if self.logging_interval != "epoch" and due and step != self._last_logged_step:
             self._last_logged_step = step
             self._log(trainer, "step" if self.logging_interval is None else "any")

@@ -65,3 +65,22 @@ def test_a_callback_changing_accumulation_mid_fit_is_seen_by_the_loops(tmp_path:
                    callbacks=[GradientAccumulationScheduler(scheduling={0: 1, 1: 2, 2: 4})])
     trainer.fit(BoringModel())
     assert (trainer.global_step, trainer.accumulate_grad_batches) == (4 + 2 + 1, 4)
+
+
+@pytest.mark.parametrize("trainer_class", ["lightning", "ours"])
+def test_a_callback_shortening_the_fit_is_seen_by_the_fit_loop(tmp_path: Path, trainer_class: str) -> None:
+    """`trainer.fit_loop.max_epochs = n` in a hook ends the fit after n epochs, as in Lightning: the fit loop's
+    schedule reads max_epochs when it decides (its Stage does not freeze it)."""
+    pl = pytest.importorskip("lightning.pytorch")
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    class Shorten(pl.Callback):
+        def on_train_epoch_end(self, trainer: object, module: object) -> None:
+            trainer.fit_loop.max_epochs = 2  # type: ignore[attr-defined]
+
+    make = pl.Trainer if trainer_class == "lightning" else Trainer
+    trainer = make(default_root_dir=str(tmp_path), max_epochs=5, limit_train_batches=3, limit_val_batches=0,
+                   logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
+                   callbacks=[Shorten()])
+    trainer.fit(BoringModel())
+    assert (trainer.current_epoch, trainer.global_step) == (2, 6)
