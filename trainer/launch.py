@@ -12,7 +12,7 @@ from torch import nn
 from trainer.checkpoint_choice import requested_checkpoint
 from trainer.compiled import unwrap_compiled
 from trainer.data_sources import is_datamodule
-from trainer.run import run_stage
+from trainer.run import StageRunner, run_stage
 from trainer.stage_request import StageRequest
 
 if TYPE_CHECKING:
@@ -42,7 +42,8 @@ def launch(trainer: Trainer, request: StageRequest) -> Any:
         _ = logger.version  # decided here, once, so every worker writes to the same directory
     trainer.state.status = "running"
     try:
-        output = trainer.strategy.launch(run_stage, trainer, request)
+        runner: StageRunner = trainer  # what run_stage may do to it: mypy checks the Trainer satisfies it
+        output = trainer.strategy.launch(run_stage, runner, request)
     except KeyboardInterrupt:  # Ctrl-C: after the graceful shutdown the script ends, as under Lightning
         _stage_ended(trainer, request, "interrupted")
         raise SystemExit(1) from None

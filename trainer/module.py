@@ -25,7 +25,9 @@ from trainer.module_optimization import (clip_gradients, lr_schedulers, manual_b
                                          untoggle_optimizer)
 
 if TYPE_CHECKING:
-    from trainer.trainer import Trainer
+    # The documented surface (docs/trainer-contract.md), which the Trainer satisfies: a module reaches back
+    # through it, as callbacks do, and this module stays out of trainer.trainer's imports.
+    from trainer.contract import TrainerContract
 
 
 class LightningModule(nn.Module):
@@ -34,7 +36,7 @@ class LightningModule(nn.Module):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._trainer: Trainer | None = None
+        self._trainer: TrainerContract | None = None
         self._current_fx_name: str | None = None
         self._hparams: AttributeDict = AttributeDict()
         self._hparams_name: str | None = None  # "kwargs", or the __init__ argument that held them (checkpoints)
@@ -44,13 +46,13 @@ class LightningModule(nn.Module):
 
     # ------------------------------------------------------------------ state
     @property
-    def trainer(self) -> Trainer:
+    def trainer(self) -> TrainerContract:
         if self._trainer is None:
             raise RuntimeError(f"{type(self).__name__} is not attached to a Trainer; call Trainer.fit(model) first.")
         return self._trainer
 
     @trainer.setter
-    def trainer(self, trainer: Trainer | None) -> None:
+    def trainer(self, trainer: TrainerContract | None) -> None:
         self._trainer = trainer
 
     @property

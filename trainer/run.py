@@ -11,7 +11,8 @@ loop position).
 
 from __future__ import annotations
 
-from typing import Any, TYPE_CHECKING
+import os
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -32,18 +33,43 @@ from trainer.module_adapter import align_lightning_rank, attach, automatic_optim
 from trainer.optimizers import ManualOptimizer, settle_optimizers
 from trainer.profiler import is_profiling
 from trainer.seed import reset_seed
-from trainer.stage import Stage
+from trainer.stage import Stage, StageOwner
 from trainer.stage_request import StageRequest
 from trainer.state import FitRun
 from trainer.validation import apply_backend_flags, as_items
 
 if TYPE_CHECKING:
-    from trainer.trainer import Trainer
+    from trainer.callbacks.dispatch import CallbackList
+
+
+class StageRunner(StageOwner, Protocol):
+    """What running a stage does to the Trainer, beyond what its Stage reads: it attaches the module, the
+    datamodule, the optimizers and the checkpoint it started from, and starts the fit's or the predict run's
+    record. The Trainer satisfies it (mypy checks `strategy.launch(run_stage, ...)` in trainer/trainer.py), so
+    this module needs no import of trainer.trainer."""
+
+    lightning_module: nn.Module | None
+    datamodule: Any
+    fit_run: FitRun
+    prediction_run: PredictionRun | None
+    ckpt_path: str | os.PathLike[str] | None
+    optimizers: list[Any]
+    lr_scheduler_configs: list[Any]
+    wrapped_optimizers: list[Any]
+
+    @property
+    def callback_list(self) -> CallbackList: ...
+    @property
+    def deterministic(self) -> Any: ...
+    @property
+    def benchmark(self) -> bool | None: ...
+    @property
+    def enable_autolog_hparams(self) -> bool: ...
 
 _RUNNING_STAGE = {"fit": "train", "validate": "validate", "test": "test", "predict": "predict"}
 
 
-def run_stage(trainer: Trainer, request: StageRequest) -> Any:
+def run_stage(trainer: StageRunner, request: StageRequest) -> Any:
     stage, model = request.stage, request.model
     check_module(model, stage)
     if not request.in_launching_process:  # a worker's copy: the caller's backend flags
@@ -82,7 +108,7 @@ def run_stage(trainer: Trainer, request: StageRequest) -> Any:
         _report_profile(trainer, stage)
 
 
-def _report_profile(trainer: Trainer, stage: str) -> None:
+def _report_profile(trainer: StageRunner, stage: str) -> None:
     """The profiler's report for the stage, also when it failed (Lightning's teardown); a report that
     cannot be written warns instead of hiding how the stage ended."""
     try:
@@ -93,7 +119,7 @@ def _report_profile(trainer: Trainer, stage: str) -> None:
         trainer.profiler.teardown(stage)
 
 
-def _on_exception(trainer: Trainer, model: nn.Module, error: BaseException) -> None:
+def _on_exception(trainer: StageRunner, model: nn.Module, error: BaseException) -> None:
     """Lightning's order when a stage ends by an exception: the callbacks' `on_exception`, then the
     datamodule's; the loggers close with status "failed"."""
     trainer.callback_list.call("on_exception", trainer, model, error)
@@ -102,13 +128,13 @@ def _on_exception(trainer: Trainer, model: nn.Module, error: BaseException) -> N
     _finalize_loggers(Stage.of(trainer), "failed")  # the stage may have failed before its Stage was built
 
 
-def _add_module_callbacks(trainer: Trainer, model: nn.Module) -> None:
+def _add_module_callbacks(trainer: StageRunner, model: nn.Module) -> None:
     extra = trainer.callback_list.call_module("configure_callbacks", model)
     if extra:
         trainer.callback_list.add_module_callbacks(as_items(extra))
 
 
-def _create_experiments(trainer: Trainer) -> None:
+def _create_experiments(trainer: StageRunner) -> None:
     """Each logger's experiment (its writer and run directory) exists before the setup hooks, as in
     Lightning, so they can read its metadata; on global rank 0, the rank that logs."""
     if not trainer.is_global_zero:
@@ -118,7 +144,7 @@ def _create_experiments(trainer: Trainer) -> None:
             _ = logger.experiment
 
 
-def _run(trainer: Trainer, model: nn.Module, request: StageRequest) -> Any:
+def _run(trainer: StageRunner, model: nn.Module, request: StageRequest) -> Any:
     callbacks, strategy = trainer.callback_list, trainer.strategy
     stage = trainer.state.fn or request.stage  # the same string, also answering `.value` as Lightning's enum does
     _prepare_data(trainer, model)
@@ -139,7 +165,7 @@ def _run(trainer: Trainer, model: nn.Module, request: StageRequest) -> Any:
     return output
 
 
-def _run_entry(trainer: Trainer, parts: Stage, module: nn.Module, stage: str, request: StageRequest) -> Any:
+def _run_entry(trainer: StageRunner, parts: Stage, module: nn.Module, stage: str, request: StageRequest) -> Any:
     if stage == "fit":
         return _fit(trainer, parts, module, request.checkpoint)
     if stage == "predict":
@@ -155,7 +181,7 @@ def _run_entry(trainer: Trainer, parts: Stage, module: nn.Module, stage: str, re
     return _evaluate(trainer, parts, module, stage, request.checkpoint, request.verbose)
 
 
-def _start_from_checkpoint(trainer: Trainer, parts: Stage, module: nn.Module, stage: str,
+def _start_from_checkpoint(trainer: StageRunner, parts: Stage, module: nn.Module, stage: str,
                            request: CheckpointRequest) -> ChosenCheckpoint:
     """The checkpoint the stage starts from (trainer/checkpoint_choice.py chooses it), its weights put back,
     then the module's and the callbacks' `on_load_checkpoint` and the callbacks' states (fit: the
@@ -173,7 +199,7 @@ def _start_from_checkpoint(trainer: Trainer, parts: Stage, module: nn.Module, st
     return chosen
 
 
-def _fit(trainer: Trainer, parts: Stage, module: nn.Module, ckpt: CheckpointRequest) -> None:
+def _fit(trainer: StageRunner, parts: Stage, module: nn.Module, ckpt: CheckpointRequest) -> None:
     """The fit stage; a preemption notice from here on stops it at a step boundary with a checkpoint. The
     watch stays on the trainer after the fit (its signals no longer caught), so hooks that run as the fit
     ends, `on_exception` included, and the user afterwards read `received_sigterm` as in Lightning."""
@@ -182,7 +208,7 @@ def _fit(trainer: Trainer, parts: Stage, module: nn.Module, ckpt: CheckpointRequ
         _fit_watched(trainer, parts, module, ckpt)
 
 
-def _fit_watched(trainer: Trainer, parts: Stage, module: nn.Module, ckpt: CheckpointRequest) -> None:
+def _fit_watched(trainer: StageRunner, parts: Stage, module: nn.Module, ckpt: CheckpointRequest) -> None:
     chosen = _start_from_checkpoint(trainer, parts, module, "fit", ckpt)
     # Lightning's point: the setup hooks and on_load_checkpoint still saw the last stage's metrics
     # (evaluation stages clear them when their loop starts)
@@ -208,7 +234,7 @@ def _fit_watched(trainer: Trainer, parts: Stage, module: nn.Module, ckpt: Checkp
     _finalize_loggers(parts, "success")
 
 
-def _evaluate(trainer: Trainer, parts: Stage, module: nn.Module, stage: str, ckpt: CheckpointRequest,
+def _evaluate(trainer: StageRunner, parts: Stage, module: nn.Module, stage: str, ckpt: CheckpointRequest,
               verbose: bool) -> list[dict[str, float]]:
     if not has_step(module, stage):
         step = "validation_step" if stage == "validate" else "test_step"
@@ -226,7 +252,7 @@ def _evaluate(trainer: Trainer, parts: Stage, module: nn.Module, stage: str, ckp
 
 
 # ---------------------------------------------------------------------- data
-def _prepare_data(trainer: Trainer, module: nn.Module) -> None:
+def _prepare_data(trainer: StageRunner, module: nn.Module) -> None:
     """`prepare_data` once per node (local rank 0) while the other ranks wait."""
     datamodule = trainer.datamodule
     if trainer.local_rank == 0:
@@ -239,7 +265,7 @@ def _prepare_data(trainer: Trainer, module: nn.Module) -> None:
 
 
 # ---------------------------------------------------------------------- optimizers and checkpoints
-def _configure_optimizers(trainer: Trainer, parts: Stage, module: nn.Module) -> None:
+def _configure_optimizers(trainer: StageRunner, parts: Stage, module: nn.Module) -> None:
     returned = parts.callbacks.call_module("configure_optimizers", module)
     optimizers, schedulers = settle_optimizers(returned, module, automatic=automatic_optimization(module),
                                                custom_scheduler_step=overrides(module, "lr_scheduler_step"))
@@ -249,7 +275,7 @@ def _configure_optimizers(trainer: Trainer, parts: Stage, module: nn.Module) -> 
 
 
 # ---------------------------------------------------------------------- reporting
-def _log_hyperparams(trainer: Trainer, module: nn.Module) -> None:
+def _log_hyperparams(trainer: StageRunner, module: nn.Module) -> None:
     """As each stage starts, every logger gets the hyperparameters (unless turned off) and the model
     for its graph (`log_graph`; TensorBoardLogger(log_graph=True) draws it), as in Lightning."""
     if not trainer.is_global_zero:
