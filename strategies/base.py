@@ -101,6 +101,10 @@ class Strategy(abc.ABC):
     the defaults describe one process on one device.
     """
 
+    # How often this strategy's own launcher restarts a failed group in this process (DDPStrategy's argument);
+    # torch elastic's restarts start new processes instead. The Trainer keeps a fit's starting state when > 0.
+    max_restarts: int = 0
+
     def __init__(self, accelerator: str = "auto", checkpoint_io: CheckpointIO | None = None,
                  preemption: PreemptionPolicy | dict[str, Any] | bool | None = None,
                  async_checkpoint: bool = False) -> None:

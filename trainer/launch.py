@@ -12,6 +12,7 @@ from torch import nn
 from trainer.checkpoint_choice import requested_checkpoint
 from trainer.compiled import unwrap_compiled
 from trainer.data_sources import is_datamodule
+from trainer.restart_point import remembered_for_restarts
 from trainer.run import StageRunner, run_stage
 from trainer.stage_request import StageRequest
 
@@ -43,7 +44,8 @@ def launch(trainer: Trainer, request: StageRequest) -> Any:
     trainer.state.status = "running"
     try:
         runner: StageRunner = trainer  # what run_stage may do to it: mypy checks the Trainer satisfies it
-        output = trainer.strategy.launch(run_stage, runner, request)
+        with remembered_for_restarts(trainer, trainer.progress, request.stage, request.model, request.datamodule):
+            output = trainer.strategy.launch(run_stage, runner, request)
     except KeyboardInterrupt:  # Ctrl-C: after the graceful shutdown the script ends, as under Lightning
         _stage_ended(trainer, request, "interrupted")
         raise SystemExit(1) from None

@@ -32,6 +32,7 @@ from strategies.lightning_types import register_strategy_types
 from trainer.module_adapter import align_lightning_rank, attach, automatic_optimization, check_module, unbind_api
 from trainer.optimizers import ManualOptimizer, settle_optimizers
 from trainer.profiler import is_profiling
+from trainer.restart_point import put_back_for_restart
 from trainer.seed import reset_seed
 from trainer.stage import Stage, StageOwner
 from trainer.stage_request import StageRequest
@@ -72,6 +73,7 @@ _RUNNING_STAGE = {"fit": "train", "validate": "validate", "test": "test", "predi
 def run_stage(trainer: StageRunner, request: StageRequest) -> Any:
     stage, model = request.stage, request.model
     check_module(model, stage)
+    put_back_for_restart(trainer, trainer.progress, model, request.datamodule)  # a restarted fit: as it began
     if not request.in_launching_process:  # a worker's copy: the caller's backend flags
         apply_backend_flags(trainer.deterministic, trainer.benchmark)
     if trainer.world_size > 1:

@@ -55,6 +55,24 @@ def test_our_launcher_restarts_the_group_too(tmp_path: Path, uninterrupted: dict
         assert torch.equal(value, model.state_dict()[key]), key
 
 
+def test_a_restart_before_the_first_checkpoint_starts_over_from_the_fits_start(tmp_path: Path,
+                                                                               uninterrupted: dict) -> None:
+    """Rank 1 fails at step 1, before the first checkpoint (step 2): the restarted group finds none and starts
+    over. Rank 0 runs on the caller's own model, which the failed attempt had trained one step, so the restart
+    must put back the weights, step counter and callback state the fit began with (the fault harness's
+    `--scenario crash --seed 6` found it going on from the trained weights instead)."""
+    seed_everything(5)
+    model = CrashOnceRegressor(crash_step=1, optimizer="adam")
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=2, save_last=True)
+    trainer = Trainer(accelerator="cpu", devices=2, strategy=DDPStrategy(max_restarts=1), max_epochs=3, logger=False,
+                      enable_progress_bar=False, enable_model_summary=False, callbacks=[checkpoint])
+    with pytest.warns(RuntimeWarning, match="restarting the workers"):
+        trainer.fit(model, datamodule=RegressionData(batch_size=8, shuffle=True))
+    assert trainer.global_step == 12 and trainer.strategy.restart_count == 1
+    for key, value in uninterrupted["state_dict"].items():
+        assert torch.equal(value, model.state_dict()[key]), key
+
+
 def test_divergence_guard_names_the_parameter_and_rank(tmp_path: Path) -> None:
     trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False,
                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
