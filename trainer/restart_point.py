@@ -52,7 +52,8 @@ def remembered_for_restarts(trainer: TrainerContract, progress: FitProgress, sta
         yield
         return
     _REMEMBERED[id(trainer)] = _FitStart(
-        module={name: value.detach().clone() for name, value in model.state_dict().items()},
+        # on the host: a GPU model's weights are not held twice on the device for the whole fit
+        module={name: value.detach().to("cpu", copy=True) for name, value in model.state_dict().items()},
         progress=copy.deepcopy(progress.state_dict()),
         callbacks=[(callback, copy.deepcopy(callback.state_dict())) for callback in trainer.callbacks
                    if hasattr(callback, "state_dict")],
