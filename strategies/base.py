@@ -101,10 +101,6 @@ class Strategy(abc.ABC):
     the defaults describe one process on one device.
     """
 
-    # How often this strategy's own launcher restarts a failed group in this process (DDPStrategy's argument);
-    # torch elastic's restarts start new processes instead. The Trainer keeps a fit's starting state when > 0.
-    max_restarts: int = 0
-
     def __init__(self, accelerator: str = "auto", checkpoint_io: CheckpointIO | None = None,
                  preemption: PreemptionPolicy | dict[str, Any] | bool | None = None,
                  async_checkpoint: bool = False) -> None:
@@ -147,6 +143,13 @@ class Strategy(abc.ABC):
     @property
     def is_global_zero(self) -> bool:
         return self.global_rank == 0
+
+    @property
+    def restarts_in_process(self) -> int:
+        """How often this strategy's own launcher may restart a failed group inside this process (DDPStrategy's
+        `max_restarts` when it starts the ranks itself). torch elastic's restarts start new processes instead.
+        The Trainer keeps a fit's starting state only when this is > 0."""
+        return 0
 
     @property
     def restart_count(self) -> int:

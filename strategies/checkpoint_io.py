@@ -126,26 +126,30 @@ def _without_zip_crc32() -> Iterator[None]:
     """torch.save with the zip records' CRC32 left empty. torch.load does not check them (a flipped byte in
     a tensor loads silently either way), yet computing them took ~75 % of a save's CPU (507 MB: 1.0-1.3 s
     against 0.25-0.27 s, one thread): time a synchronous save stalls every rank, and CPU a background write
-    takes from the training on a machine without an idle core. `unzip -t` and Python's `zipfile` reads
-    report the empty checksums. torch's switch is process-wide: a torch.save on another thread during ours
-    also skips them (harmless to torch.load); the setting found is restored after."""
+    takes from the training on a machine without an idle core. `unzip -t` reports the empty checksums, and
+    reading a member with Python's `zipfile` raises BadZipFile (a tool that scans checkpoints that way).
+    torch's switch is process-wide: a torch.save on another thread during ours also skips them (harmless to
+    torch.load); the setting found is restored after."""
     global _crc_saves, _crc_setting_found
     setter = getattr(torch.serialization, "set_crc32_options", None)  # torch >= 2.5
     if setter is None:
         yield
         return
-    with _CRC_LOCK:  # counted: a background write and a save on another thread may overlap
-        if _crc_saves == 0:
-            _crc_setting_found = torch.serialization.get_crc32_options()
-            setter(False)
-        _crc_saves += 1
+    counted = False
     try:
+        with _CRC_LOCK:  # counted: a background write and a save on another thread may overlap
+            if _crc_saves == 0:
+                _crc_setting_found = torch.serialization.get_crc32_options()
+                setter(False)
+            _crc_saves += 1
+            counted = True
         yield
     finally:
-        with _CRC_LOCK:
-            _crc_saves -= 1
-            if _crc_saves == 0:
-                setter(_crc_setting_found)
+        if counted:
+            with _CRC_LOCK:
+                _crc_saves -= 1
+                if _crc_saves == 0:
+                    setter(_crc_setting_found)
 
 
 _CRC_LOCK = threading.Lock()

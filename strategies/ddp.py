@@ -192,15 +192,22 @@ class DDPStrategy(Strategy):
     def launch(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         from strategies import launcher
 
-        external = processes_launched_externally()
-        if self.num_nodes > 1 and not external:
+        if self.num_nodes > 1 and not processes_launched_externally():
             raise ValueError(f"num_nodes={self.num_nodes} needs one launcher per node: start the script with "
                              f"torchrun (--nnodes={self.num_nodes} --nproc-per-node={self.devices}) or srun; "
                              f"the built-in launcher starts processes on this machine only.")
-        in_place = external or self.devices * self.num_nodes == 1
-        return launcher.launch(self, fn, args, kwargs, nprocs=self.devices, in_place=in_place,
+        return launcher.launch(self, fn, args, kwargs, nprocs=self.devices, in_place=self._runs_in_place(),
                                max_restarts=self.max_restarts, start_method=self.start_method,
                                device_kind=self.accelerator, group=(self.process_group_backend, self.timeout))
+
+    def _runs_in_place(self) -> bool:
+        """The ranks exist already (torchrun, SLURM) or there is one: this process runs its rank, nothing is started."""
+        return processes_launched_externally() or self.devices * self.num_nodes == 1
+
+    @property
+    @override
+    def restarts_in_process(self) -> int:
+        return 0 if self._runs_in_place() else self.max_restarts
 
     @override
     def setup_environment(self) -> None:
@@ -299,6 +306,8 @@ class DDPStrategy(Strategy):
         if self._reducer is not None:
             self._reducer.remove()
             self._reducer = self._tuning = None
+        if self._zero is not None:
+            self._zero.release_parameters()  # the sharded optimizers stay (a checkpoint after fit still reads them)
         # Under torchrun/SLURM and in our own workers the process lives on for the next stage
         # (fit, then test): the group stays, since re-creating it on the launcher's store hangs,
         # and joining it again would cost the next stage its start-up. Our workers destroy it as

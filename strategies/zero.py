@@ -99,6 +99,7 @@ class ZeroShards:
         for bucket_index, (indexes, bucket) in enumerate(zip(layout.plan, layout.buckets)):
             self.param_buffers.append(self._adopt_parameters(indexes, bucket.buffer().numel()))
             self._cut(bucket_index, indexes, bucket.buffer().numel())
+        self._adopted = [param.data_ptr() for param in self.params]  # where each parameter's elements live now
         self._index_of = {id(param): index for index, param in enumerate(self.params)}
         self.state_bytes_per_rank: list[int] | None = None  # measured after the first step
         # The reducer's gradient memory now and at its peak (`ShardedGradReducer.gradient_bytes`)
@@ -185,18 +186,39 @@ class ZeroShards:
         with LEDGER.waiting():
             for work in pending:
                 work.wait()
+        # The gather wrote through the flat buffers, whose version counter is not the parameters': bump theirs,
+        # so autograd refuses a graph saved before this step on every rank (as zero_stage=0 does), not only on
+        # the rank whose own segment the optimizer wrote.
+        torch.autograd.graph.increment_version([self.params[i] for b in buckets for i in self.layout.plan[b]])
 
     def _check_parameters_in_place(self, buckets: Sequence[int]) -> None:
-        """Refuse to go on when the module's parameters were given new storage after setup (`module.to(...)`
-        to another device or dtype, `.data = ...`): the optimizer would step, and the gather fill, the old
-        buffers while the module computes with the new ones. One pointer per bucket: a conversion moves all."""
+        """Refuse to go on when a parameter was given new storage after setup (`module.to(...)` to another device
+        or dtype, `.data = ...`, a pruning callback's weight reset): the optimizer would step, and the gather
+        fill, buffers the module no longer reads, and that parameter would silently stop training. Every
+        parameter's pointer (a fraction of a microsecond each); raised on the ranks where it happened."""
         for index in buckets:
-            param = self.params[self.layout.plan[index][0]]
-            if param.data_ptr() != self.param_buffers[index].data_ptr():
-                raise RuntimeError(f"zero_stage={self.zero_stage}: the parameters of bucket {index} no longer live in "
-                                   "the buffer they were moved to at setup (was the module moved or converted with "
-                                   ".to()/.half()/.data = ... during fit?). Convert the module before fit, or use "
-                                   "zero_stage=0.")
+            for param_index in self.layout.plan[index]:
+                if self.params[param_index].data_ptr() != self._adopted[param_index]:
+                    raise RuntimeError(
+                        f"zero_stage={self.zero_stage}: parameter {param_index} (bucket {index}, shape "
+                        f"{tuple(self.params[param_index].shape)}) no longer lives in the buffer it was moved to at "
+                        "setup (was the module moved or converted with .to()/.half(), or a parameter's .data "
+                        "replaced, during fit?). Do it before fit, or use zero_stage=0.")
+
+    def release_parameters(self) -> None:
+        """Give every parameter its own storage again (the stage is over). A parameter that stays a view of its
+        bucket's buffer pickles that whole buffer (plain pickle, cloudpickle: the next stage's payload, joblib)
+        and keeps it alive; one bucket at a time, so this holds at most one bucket twice."""
+        for indexes in self.layout.plan:
+            for index in indexes:
+                param = self.params[index]
+                if param.data_ptr() != self._adopted[index]:
+                    continue  # the user gave it other storage since
+                param.data = param.detach().clone()
+                segment = self.segments.get(index)
+                if segment is not None:  # the optimizer's slice follows (it may still be read or stepped)
+                    self.tensors[index].data = param.detach().view(-1)[segment.start:segment.start + segment.length]
+        self.param_buffers, self._adopted = [], [-1] * len(self.params)
 
     def _gather_async(self, flat: torch.Tensor) -> Any:
         """One bucket's in-place all-gather: this rank's shard of `flat` in, every peer's shard out."""

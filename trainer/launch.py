@@ -44,7 +44,7 @@ def launch(trainer: Trainer, request: StageRequest) -> Any:
     trainer.state.status = "running"
     try:
         runner: StageRunner = trainer  # what run_stage may do to it: mypy checks the Trainer satisfies it
-        with remembered_for_restarts(trainer, trainer.progress, request.stage, request.model, request.datamodule):
+        with remembered_for_restarts(trainer, request.stage, request.model, request.datamodule):
             output = trainer.strategy.launch(run_stage, runner, request)
     except KeyboardInterrupt:  # Ctrl-C: after the graceful shutdown the script ends, as under Lightning
         _stage_ended(trainer, request, "interrupted")

@@ -73,7 +73,7 @@ _RUNNING_STAGE = {"fit": "train", "validate": "validate", "test": "test", "predi
 def run_stage(trainer: StageRunner, request: StageRequest) -> Any:
     stage, model = request.stage, request.model
     check_module(model, stage)
-    put_back_for_restart(trainer, trainer.progress, model, request.datamodule)  # a restarted fit: as it began
+    put_back_for_restart(trainer, model, request.datamodule)  # a restarted fit: as it began
     if not request.in_launching_process:  # a worker's copy: the caller's backend flags
         apply_backend_flags(trainer.deterministic, trainer.benchmark)
     if trainer.world_size > 1:

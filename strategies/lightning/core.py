@@ -84,8 +84,10 @@ class ReducedModule(nn.Module):
             yield
 
     def remove(self) -> None:
-        """Detach the reducer; the module's `.grad` tensors stay valid."""
+        """Detach the reducer; the module's `.grad` tensors stay valid, its parameters get their own storage."""
         self.reducer.remove()
+        if self.zero is not None:
+            self.zero.release_parameters()
 
 
 def build_strategy_class(base: type[Any], module: str) -> type[Any]:

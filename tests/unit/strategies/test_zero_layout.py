@@ -3,11 +3,15 @@ stepped by exactly one rank, shards are even, and a parameter's state cut into s
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
+import torch.distributed as dist
 
 from strategies.buckets import BucketLayout, plan_buckets
 from strategies.zero import ZeroShards, _join, check_elementwise
+from tests.helpers.spawn import free_port
 
 
 def _params() -> list[torch.nn.Parameter]:
@@ -88,10 +92,44 @@ def test_a_non_contiguous_parameter_is_refused_by_index_and_shape() -> None:
         ZeroShards(params, layout, rank=0, world_size=2)
 
 
-def test_parameters_given_new_storage_after_setup_are_refused_before_the_gather() -> None:
+def test_a_parameter_given_new_storage_after_setup_is_refused_before_the_gather() -> None:
     params = _params()
     layout = BucketLayout(params, [list(range(len(params)))], pad_to=1)
     shards = ZeroShards(params, layout, rank=0, world_size=1)
-    params[0].data = params[0].detach().double()  # what a module.double() during fit does to every parameter
-    with pytest.raises(RuntimeError, match="bucket 0 no longer live in the buffer"):
+    params[3].data = params[3].detach().clone()  # one parameter's .data replaced (a pruning callback's reset)
+    with pytest.raises(RuntimeError, match=r"parameter 3 \(bucket 0, shape \(11,\)\) no longer lives in the buffer"):
         shards.gather([0])
+
+
+@pytest.fixture
+def one_rank_group() -> Iterator[None]:
+    """A real process group of one gloo rank in this process, for the gather's own code path."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_gather_bumps_every_parameters_version_and_the_stage_end_gives_them_their_storage_back(
+        one_rank_group: None) -> None:
+    """Written through the flat buffers, the gather bumps each parameter's own version counter (autograd then
+    refuses a graph saved before the step, as at zero_stage=0); at the stage's end every parameter gets its own
+    storage again, values kept, and the optimizer's slices follow it."""
+    params = _params()
+    layout = BucketLayout(params, plan_buckets(params, bucket_cap_mb=0.0004, first_bucket_cap_mb=0.0002), pad_to=1)
+    shards = ZeroShards(params, layout, rank=0, world_size=1)
+    saved = params[0] * params[0]  # a graph that saved params[0]
+    before = [param._version for param in params]
+    shards.gather(list(range(len(layout.buckets))))
+    assert all(param._version > version for param, version in zip(params, before))
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        saved.sum().backward()
+    values = [param.detach().clone() for param in params]
+    shards.release_parameters()
+    assert shards.param_buffers == []
+    for index, param in enumerate(params):
+        assert torch.equal(param, values[index])
+        assert param.untyped_storage().nbytes() == param.numel() * param.element_size()  # its own storage
+        segment = shards.segments[index]
+        assert shards.tensors[index].data_ptr() == param.view(-1)[segment.start:].data_ptr()
