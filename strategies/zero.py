@@ -100,6 +100,7 @@ class ZeroShards:
             self.param_buffers.append(self._adopt_parameters(indexes, bucket.buffer().numel()))
             self._cut(bucket_index, indexes, bucket.buffer().numel())
         self._adopted = [param.data_ptr() for param in self.params]  # where each parameter's elements live now
+        self._bucket_params = [[self.params[index] for index in indexes] for indexes in layout.plan]  # per step
         self._index_of = {id(param): index for index, param in enumerate(self.params)}
         self.state_bytes_per_rank: list[int] | None = None  # measured after the first step
         # The reducer's gradient memory now and at its peak (`ShardedGradReducer.gradient_bytes`)
@@ -189,7 +190,7 @@ class ZeroShards:
         # The gather wrote through the flat buffers, whose version counter is not the parameters': bump theirs,
         # so autograd refuses a graph saved before this step on every rank (as zero_stage=0 does), not only on
         # the rank whose own segment the optimizer wrote.
-        torch.autograd.graph.increment_version([self.params[i] for b in buckets for i in self.layout.plan[b]])
+        torch.autograd.graph.increment_version([param for index in buckets for param in self._bucket_params[index]])
 
     def _check_parameters_in_place(self, buckets: Sequence[int]) -> None:
         """Refuse to go on when a parameter was given new storage after setup (`module.to(...)` to another device
