@@ -177,6 +177,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     args.loadavg_before = list(os.getloadavg())
     steps = args.block * (args.warmup_blocks + len(MODES) * args.cycles)
+    if args.dir is not None:
+        os.makedirs(args.dir, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.dir) as directory:
         probe = StallProbe(directory, args.block, args.every, args.warmup_blocks)
         trainer = Trainer(accelerator="cpu", devices=2, strategy=DDPStrategy(), max_steps=steps, logger=False,

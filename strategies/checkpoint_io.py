@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import abc
-import contextlib
 import errno
+import logging
 import os
 import pickle
 import tempfile
-import threading
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import cloudpickle
 import torch
+
+from strategies.direct_write import ALIGNMENT, DirectFile, DirectWriteRefused, set_direct_writes
+from strategies.torch_save_settings import can_block_align_storages, storages_block_aligned, without_zip_crc32
+
+log = logging.getLogger(__name__)
+
+DIRECT_WRITE_MIN_BYTES = 32 * 1024 * 1024  # below this a checkpoint is written through the page cache
 
 
 class CheckpointError(RuntimeError):
@@ -47,9 +52,10 @@ class TorchCheckpointIO(CheckpointIO):
     """`torch.save` to a temp file in the target directory, fsync, then `os.replace`.
 
     A reader therefore sees the old file or the new one, never half of one, even if the
-    writer is killed mid-save. The archive is written without zip CRC32 checksums (`_without_zip_crc32`):
-    torch.load never reads them, and computing them was most of a save's CPU time. Loading uses `weights_only=True` unless the caller says it trusts
-    the file, so a crafted pickle cannot run code.
+    writer is killed mid-save. The archive is written without zip CRC32 checksums (torch.load never reads
+    them, and computing them was most of a save's CPU time: torch_save_settings.py), and a large checkpoint
+    around the page cache where the file system allows (direct_write.py). Loading uses `weights_only=True`
+    unless the caller says it trusts the file, so a crafted pickle cannot run code.
     """
 
     def save(self, checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> None:
@@ -59,10 +65,9 @@ class TorchCheckpointIO(CheckpointIO):
             target.parent.mkdir(parents=True, exist_ok=True)
             _remove_stale_temp_files(target)
             fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-            with os.fdopen(fd, "wb") as handle, _without_zip_crc32():
-                _dump(checkpoint, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
+            with os.fdopen(fd, "wb") as handle:
+                if not _written_direct(checkpoint, handle.fileno(), target):
+                    _write_buffered(checkpoint, handle)
             os.replace(tmp_name, target)
             _fsync_directory(target.parent)
         except (OSError, RuntimeError) as error:
@@ -105,56 +110,74 @@ class TorchCheckpointIO(CheckpointIO):
         return checkpoint
 
 
+def _written_direct(checkpoint: dict[str, Any], fd: int, target: Path) -> bool:
+    """Write `checkpoint` to the empty file `fd` with `O_DIRECT` (direct_write.py), where it is large enough
+    to be worth it and this torch, platform and file system allow. False: nothing was written, and the
+    file takes ordinary writes again."""
+    if not _worth_writing_direct(checkpoint) or not can_block_align_storages() or not set_direct_writes(fd, True):
+        return False
+    direct = DirectFile(fd)
+    try:
+        with without_zip_crc32(), storages_block_aligned():
+            _dump(checkpoint, direct)
+        direct.finish()
+        return True
+    except (OSError, RuntimeError) as error:
+        if not isinstance(_os_error_in(error), DirectWriteRefused):
+            raise
+        log.info("the file system under %s refused a direct write: writing %s through the page cache",
+                 target.parent, target.name)
+    finally:
+        direct.close()
+    set_direct_writes(fd, False)
+    os.ftruncate(fd, 0)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return False
+
+
+def _worth_writing_direct(checkpoint: dict[str, Any]) -> bool:
+    """Large, and mostly in page-aligned memory (a background save's snapshot) that the disk can read in
+    place: only then is the write's CPU cost gone. Live tensors (a synchronous save) would have to be
+    copied into the aligned buffer, as much CPU as the page cache's copy, and the save would wait for the
+    disk sooner. Also: tensors large enough on average that aligning each to a block pads the file by at
+    most ~2 %."""
+    tensors, nbytes, aligned = _tensor_bytes(checkpoint)
+    return nbytes >= DIRECT_WRITE_MIN_BYTES and 2 * aligned >= nbytes and tensors * ALIGNMENT * 50 <= nbytes
+
+
+def _tensor_bytes(value: Any) -> tuple[int, int, int]:
+    """(tensors, their storages' bytes, the bytes of those that start on a page) in a checkpoint dict."""
+    if isinstance(value, torch.Tensor):
+        storage = value.untyped_storage()
+        return 1, storage.nbytes(), storage.nbytes() if storage.data_ptr() % ALIGNMENT == 0 else 0
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        parts = [_tensor_bytes(item) for item in value]
+        return (sum(part[0] for part in parts), sum(part[1] for part in parts), sum(part[2] for part in parts))
+    return 0, 0, 0
+
+
+def _write_buffered(checkpoint: dict[str, Any], handle: Any) -> None:
+    with without_zip_crc32():
+        _dump(checkpoint, handle)
+    handle.flush()
+    os.fsync(handle.fileno())
+
+
 def _dump(checkpoint: dict[str, Any], handle: Any) -> None:
     """`torch.save`. A class our launcher sent to a worker by value (one defined in the user's script,
     `__main__`) cannot be pickled by name there, since the worker's `__main__` holds another copy of it;
     a checkpoint holding such an object (a callback's state) is written with cloudpickle instead, which
     stores that class by value. Loading it takes `weights_only=False`, as any custom object does."""
-    start = handle.tell()
     try:
         torch.save(checkpoint, handle)
     except pickle.PicklingError as error:
         if "not the same object as __main__." not in str(error):
             raise  # a lambda, an open file...: not ours to store as code
-        handle.seek(start)
+        handle.seek(0)  # the file is ours alone, from its start
         handle.truncate()
         torch.save(checkpoint, handle, pickle_module=cloudpickle)
-
-
-@contextlib.contextmanager
-def _without_zip_crc32() -> Iterator[None]:
-    """torch.save with the zip records' CRC32 left empty. torch.load does not check them (a flipped byte in
-    a tensor loads silently either way), yet computing them took ~75 % of a save's CPU (507 MB: 1.0-1.3 s
-    against 0.25-0.27 s, one thread): time a synchronous save stalls every rank, and CPU a background write
-    takes from the training on a machine without an idle core. `unzip -t` reports the empty checksums, and
-    reading a member with Python's `zipfile` raises BadZipFile (a tool that scans checkpoints that way).
-    torch's switch is process-wide: a torch.save on another thread during ours also skips them (harmless to
-    torch.load); the setting found is restored after."""
-    global _crc_saves, _crc_setting_found
-    setter = getattr(torch.serialization, "set_crc32_options", None)  # torch >= 2.5
-    if setter is None:
-        yield
-        return
-    counted = False
-    try:
-        with _CRC_LOCK:  # counted: a background write and a save on another thread may overlap
-            if _crc_saves == 0:
-                _crc_setting_found = torch.serialization.get_crc32_options()
-                setter(False)
-            _crc_saves += 1
-            counted = True
-        yield
-    finally:
-        if counted:
-            with _CRC_LOCK:
-                _crc_saves -= 1
-                if _crc_saves == 0:
-                    setter(_crc_setting_found)
-
-
-_CRC_LOCK = threading.Lock()
-_crc_saves = 0  # our saves running now, without CRC32
-_crc_setting_found = True  # torch's setting before the first of them
 
 
 def _remove_stale_temp_files(target: Path) -> None:

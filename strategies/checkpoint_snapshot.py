@@ -15,16 +15,20 @@ Where there is a GPU the buffers are pinned and filled by non-blocking copies on
 stream: the training thread does not wait for them at all, and since everything that runs later
 on that stream (the next forward, the next optimizer step) is ordered after the copies, the copy
 still reads the state of this step. The writer waits for the copies (a CUDA event) before it
-serialises. On the CPU the copy is synchronous: it is the whole stall of an asynchronous save.
+serialises. On the CPU the copy is synchronous: it is the whole stall of an asynchronous save. CPU buffers start on
+a page boundary, so the writer can hand them to the disk without a copy (direct_write.py).
 """
 
 from __future__ import annotations
 
 import copy
+import mmap
 from collections import OrderedDict
 from typing import Any
 
 import torch
+
+from strategies.direct_write import ALIGNMENT
 
 
 class CheckpointSnapshot:
@@ -86,13 +90,25 @@ class CheckpointSnapshot:
             kept = self._buffers[index]
             if kept.shape == tensor.shape and kept.dtype == tensor.dtype:
                 return kept
-        buffer = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu",
-                             pin_memory=tensor.device.type == "cuda")
+        if tensor.device.type == "cuda":
+            buffer = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=True)
+        else:
+            buffer = _page_aligned_empty(tensor.shape, tensor.dtype)
         if index < len(self._buffers):
             self._buffers[index] = buffer
         else:
             self._buffers.append(buffer)
         return buffer
+
+
+def _page_aligned_empty(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    """A CPU tensor whose storage starts on a page boundary, so a write around the page cache takes it
+    without a copy (direct_write.py). torch's allocator aligns to 64 bytes; an anonymous mapping is
+    page-aligned, and the tensor keeps it alive. (Pinned buffers are page-aligned already.)"""
+    nbytes = shape.numel() * dtype.itemsize
+    if nbytes < ALIGNMENT:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).view(shape)
 
 
 def _event_on(device: torch.device) -> torch.cuda.Event:

@@ -13,7 +13,8 @@ import torch
 
 from strategies import DDPStrategy, SingleDeviceStrategy
 from strategies.checkpoint_io import CheckpointError
-from tests.helpers.checkpoint_writers import FingerprintAtSave, SlowCheckpointIO, fingerprint
+from tests.helpers.checkpoint_writers import (FingerprintAtSave, SlowCheckpointIO, direct_writes_work_in, fingerprint,
+                                             record_direct_writes)
 from tests.helpers.models import RegressionData, TinyRegressor
 from trainer import Trainer
 from trainer.callbacks import Callback, ModelCheckpoint
@@ -26,16 +27,35 @@ def _trainer(tmp_path: Path, strategy: Any, devices: int, callbacks: list[Any], 
                    enable_model_summary=False, default_root_dir=tmp_path, callbacks=callbacks, **kwargs)
 
 
-@pytest.mark.parametrize("devices", [2])
-def test_every_background_checkpoint_is_the_state_of_its_step(tmp_path: Path, devices: int) -> None:
+class RegressorWithLargeState(TinyRegressor):
+    """A checkpoint above the size written around the page cache (strategies/direct_write.py): a 40 MB
+    buffer that every step changes."""
+
+    def __init__(self) -> None:
+        super().__init__(optimizer="adam")
+        self.seen: torch.Tensor
+        self.register_buffer("seen", torch.zeros(10 * 1024 * 1024))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        self.seen[batch_idx::7919].add_(1.0)
+        return super().training_step(batch, batch_idx)
+
+
+@pytest.mark.parametrize("devices,model_class", [(2, TinyRegressor), (2, RegressorWithLargeState)])
+def test_every_background_checkpoint_is_the_state_of_its_step(tmp_path: Path, devices: int,
+                                                              model_class: type[TinyRegressor],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Saving every step while training goes on, through a writer slower than a step: each file equals, tensor
-    by tensor (weights, Adam state, RNG, loop counters, callback states), the checkpoint dict at its save."""
+    by tensor (weights, Adam state, RNG, loop counters, callback states), the checkpoint dict at its save;
+    small checkpoints are written through the page cache, the large one around it."""
     recorder = FingerprintAtSave()
     checkpoints = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=1, save_top_k=-1,
                                   filename="{step}")
     strategy = DDPStrategy(async_checkpoint=True, checkpoint_io=SlowCheckpointIO(0.15))
     trainer = _trainer(tmp_path, strategy, devices, [recorder, checkpoints], max_epochs=3)
-    trainer.fit(TinyRegressor(optimizer="adam"), datamodule=RegressionData(batch_size=4, shuffle=True))
+    model = TinyRegressor(optimizer="adam") if model_class is TinyRegressor else model_class()
+    direct = record_direct_writes(monkeypatch)  # rank 0 writes, in this process
+    trainer.fit(model, datamodule=RegressionData(batch_size=4, shuffle=True))
     files = sorted((tmp_path / "ckpt").glob("*.ckpt"))
     steps = trainer.global_step
     assert steps == 3 * 64 // (4 * devices) and len(files) == steps == len(recorder.by_step)
@@ -45,6 +65,8 @@ def test_every_background_checkpoint_is_the_state_of_its_step(tmp_path: Path, de
         assert fingerprint(written) == at_save, path.name
     stats = trainer.strategy.checkpoint_stats
     assert stats.saves == stats.committed == steps
+    large = model_class is RegressorWithLargeState and direct_writes_work_in(tmp_path)
+    assert len(direct) == (steps if large else 0)
     assert stats.waits > 0  # a write slower than a step: the next save waited, and it was counted
 
 

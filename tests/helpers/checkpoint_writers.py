@@ -6,8 +6,10 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -118,3 +120,32 @@ class _DieAfter(DiskFullMidway):
             os.kill(os.getpid(), 9)
         self.budget -= size
         return int(self.handle.write(data))
+
+
+def direct_writes_work_in(directory: Path) -> bool:
+    """Whether checkpoints saved under `directory` can be written around the page cache (O_DIRECT):
+    this torch, this platform and the file system all allow it."""
+    from strategies.direct_write import set_direct_writes
+    from strategies.torch_save_settings import can_block_align_storages
+
+    fd, name = tempfile.mkstemp(dir=directory)
+    try:
+        return can_block_align_storages() and set_direct_writes(fd, True)
+    finally:
+        os.close(fd)
+        os.unlink(name)
+
+
+def record_direct_writes(monkeypatch: Any) -> list[Any]:
+    """Every DirectFile a save in this process finishes, from now on (pytest's `monkeypatch` undoes it)."""
+    from strategies.direct_write import DirectFile
+
+    finished: list[DirectFile] = []
+    real_finish = DirectFile.finish
+
+    def recording_finish(self: DirectFile) -> None:
+        finished.append(self)
+        real_finish(self)
+
+    monkeypatch.setattr(DirectFile, "finish", recording_finish)
+    return finished
