@@ -179,3 +179,21 @@ def test_a_full_disk_midway_through_a_direct_write_names_the_file_and_keeps_the_
     assert "the previous file is unchanged" in result.stdout and "direct writes: 1" in result.stdout
     assert torch.equal(TorchCheckpointIO().load(path)["w"], torch.ones(10))
     assert [p.name for p in direct_dir.iterdir()] == ["model.ckpt"]
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["synchronous", "snapshot"])
+def test_tensors_without_one_storage_are_saved_as_before(tmp_path: Path, background: bool) -> None:
+    """Sparse tensors have no single storage to ask for its address (`untyped_storage()` raises): choosing
+    how to write the file must not fail a save that torch.save itself can write, synchronous or background,
+    small or large."""
+    sparse, csr = torch.eye(4).to_sparse(), torch.eye(4).to_sparse_csr()
+    small: dict[str, Any] = {"sparse": sparse, "csr": csr, "step": 1}
+    large: dict[str, Any] = {**small, "weights": [torch.randn(5 * MIB + 3) for _ in range(4)]}
+    io = TorchCheckpointIO()
+    for name, checkpoint in (("small.ckpt", small), ("large.ckpt", large)):
+        saved = CheckpointSnapshot().take(checkpoint) if background else checkpoint
+        io.save(saved, tmp_path / name)
+        loaded = io.load(tmp_path / name)
+        assert torch.equal(loaded["sparse"].to_dense(), torch.eye(4)), name
+        assert torch.equal(loaded["csr"].to_dense(), torch.eye(4)), name
+    assert all(torch.equal(a, b) for a, b in zip(io.load(tmp_path / "large.ckpt")["weights"], large["weights"]))
