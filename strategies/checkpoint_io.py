@@ -148,7 +148,10 @@ def _worth_writing_direct(checkpoint: dict[str, Any]) -> bool:
 def _tensor_bytes(value: Any) -> tuple[int, int, int]:
     """(tensors, their storages' bytes, the bytes of those that start on a page) in a checkpoint dict."""
     if isinstance(value, torch.Tensor):
-        storage = value.untyped_storage()
+        try:
+            storage = value.untyped_storage()
+        except RuntimeError:  # sparse, nested, a wrapper subclass: no one storage; torch.save writes its parts
+            return 1, 0, 0
         return 1, storage.nbytes(), storage.nbytes() if storage.data_ptr() % ALIGNMENT == 0 else 0
     if isinstance(value, dict):
         value = list(value.values())

@@ -1,8 +1,10 @@
-"""torch.save's process-wide switches that our checkpoint writes change while they run, then put back.
+"""torch.save's switches that our checkpoint writes change while they run, then put back.
 
-torch keeps them as globals, not per call: a background write and a save on another thread may overlap,
+Recent torch keeps them per thread (a ContextVar per setting: torch.utils._config_module): a save sets
+them for its own thread and puts back what it found there, whatever other threads do meanwhile. Older
+torch keeps them as process-wide globals: a background write and a save on another thread may overlap,
 so each switch is counted, set when the first of our saves that needs it starts and restored to what was
-found when the last one ends. A torch.save of someone else's running meanwhile sees our values; both are
+found when the last one ends; a torch.save of someone else's running meanwhile sees our values. Both are
 harmless to torch.load (which reads neither checksums nor the alignment).
 
 * **No zip CRC32s.** torch.load does not check them (a flipped byte in a tensor loads silently either
@@ -19,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -27,16 +30,25 @@ from strategies.direct_write import ALIGNMENT
 
 
 class _CountedOverride:
-    """One of torch.save's global settings, held at `value` while any of our saves needs it."""
+    """One of torch.save's settings, held at `value` while our save on this thread (torch that keeps it per
+    thread) or any of our saves (torch that keeps it process-wide) needs it."""
 
-    def __init__(self, read: Callable[[], Any], write: Callable[[Any], None], value: Any) -> None:
-        self._read, self._write, self._value = read, write, value
+    def __init__(self, read: Callable[[], Any], write: Callable[[Any], None], value: Any, per_thread: bool) -> None:
+        self._read, self._write, self._value, self._per_thread = read, write, value, per_thread
         self._lock = threading.Lock()
         self._holders = 0
         self._found: Any = None
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
+        if self._per_thread:  # this thread's own setting: no other thread's save can see or undo it
+            found = self._read()
+            self._write(self._value)
+            try:
+                yield
+            finally:
+                self._write(found)
+            return
         with self._lock:
             if self._holders == 0:
                 self._found = self._read()
@@ -51,11 +63,21 @@ class _CountedOverride:
                     self._write(self._found)
 
 
+def _kept_per_thread(key: str) -> bool:
+    """Whether torch keeps the serialization setting `key` per thread (a ContextVar), not process-wide."""
+    try:
+        from torch.utils.serialization import config
+        return isinstance(getattr(config, "_config")[key].user_override, ContextVar)
+    except (ImportError, AttributeError, KeyError):
+        return False
+
+
 def _crc32_override() -> _CountedOverride | None:
     setter = getattr(torch.serialization, "set_crc32_options", None)  # torch >= 2.5
     if setter is None:
         return None
-    return _CountedOverride(torch.serialization.get_crc32_options, setter, False)
+    return _CountedOverride(torch.serialization.get_crc32_options, setter, False,
+                            _kept_per_thread("save.compute_crc32"))
 
 
 def _alignment_override(alignment: int) -> _CountedOverride | None:
@@ -65,7 +87,8 @@ def _alignment_override(alignment: int) -> _CountedOverride | None:
     except (ImportError, AttributeError):
         return None
     return _CountedOverride(lambda: config.save.storage_alignment,
-                            lambda value: setattr(config.save, "storage_alignment", value), alignment)
+                            lambda value: setattr(config.save, "storage_alignment", value), alignment,
+                            _kept_per_thread("save.storage_alignment"))
 
 
 _NO_CRC32 = _crc32_override()

@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -179,3 +181,80 @@ def test_a_full_disk_midway_through_a_direct_write_names_the_file_and_keeps_the_
     assert "the previous file is unchanged" in result.stdout and "direct writes: 1" in result.stdout
     assert torch.equal(TorchCheckpointIO().load(path)["w"], torch.ones(10))
     assert [p.name for p in direct_dir.iterdir()] == ["model.ckpt"]
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["synchronous", "snapshot"])
+def test_tensors_without_one_storage_are_saved_as_before(tmp_path: Path, background: bool) -> None:
+    """Sparse tensors have no single storage to ask for its address (`untyped_storage()` raises): choosing
+    how to write the file must not fail a save that torch.save itself can write, synchronous or background,
+    small or large."""
+    sparse, csr = torch.eye(4).to_sparse(), torch.eye(4).to_sparse_csr()
+    small: dict[str, Any] = {"sparse": sparse, "csr": csr, "step": 1}
+    large: dict[str, Any] = {**small, "weights": [torch.randn(5 * MIB + 3) for _ in range(4)]}
+    io = TorchCheckpointIO()
+    for name, checkpoint in (("small.ckpt", small), ("large.ckpt", large)):
+        saved = CheckpointSnapshot().take(checkpoint) if background else checkpoint
+        io.save(saved, tmp_path / name)
+        loaded = io.load(tmp_path / name)
+        assert torch.equal(loaded["sparse"].to_dense(), torch.eye(4)), name
+        assert torch.equal(loaded["csr"].to_dense(), torch.eye(4)), name
+    assert all(torch.equal(a, b) for a, b in zip(io.load(tmp_path / "large.ckpt")["weights"], large["weights"]))
+
+
+
+def _switches_held_on_another_thread() -> tuple[threading.Event, threading.Thread]:
+    """Another thread's save holding torch.save's switches (as a background write does) until the event is set."""
+    from strategies.torch_save_settings import storages_block_aligned, without_zip_crc32
+
+    entered, leave = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with without_zip_crc32(), storages_block_aligned():
+            entered.set()
+            leave.wait(timeout=30)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    assert entered.wait(timeout=30)
+    return leave, thread
+
+
+def test_saves_overlapping_on_two_threads_each_get_the_switches_and_leave_none_behind(
+        direct_dir: Path, written: list[DirectFile]) -> None:
+    """torch keeps its save switches per thread in recent versions (a ContextVar per setting): a save that
+    starts while another thread's save holds them must still set them for itself (else its storages are
+    not block-aligned and the whole file goes through the bounce buffer, CRC32s computed), and a thread
+    finds its own settings again once its save is over, whichever thread's save ends last."""
+    from torch.utils.serialization import config
+
+    from strategies.torch_save_settings import storages_block_aligned, without_zip_crc32
+
+    snapshot = CheckpointSnapshot().take({"weights": [torch.randn(5 * MIB + 123) for _ in range(4)]})
+    path = direct_dir / "overlapping.ckpt"
+    leave, other = _switches_held_on_another_thread()
+    try:
+        TorchCheckpointIO().save(snapshot, path)
+    finally:
+        leave.set()
+        other.join(timeout=30)
+    [direct] = written
+    assert direct.bytes_copied < 64 * 1024, direct.bytes_copied
+    with zipfile.ZipFile(path) as archive:
+        assert all(info.CRC == 0 for info in archive.infolist() if "/data/" in info.filename)
+
+    def settings() -> tuple[bool, int]:
+        return torch.serialization.get_crc32_options(), config.save.storage_alignment
+
+    found = settings()
+    with without_zip_crc32(), storages_block_aligned():  # this thread's save starts first and ends first
+        leave, other = _switches_held_on_another_thread()
+    assert settings() == found
+    leave.set()
+    other.join(timeout=30)
+    assert settings() == found
+    leave, other = _switches_held_on_another_thread()  # the other starts first and ends first
+    with without_zip_crc32(), storages_block_aligned():
+        leave.set()
+        other.join(timeout=30)
+        assert settings() == (False, ALIGNMENT)
+    assert settings() == found
