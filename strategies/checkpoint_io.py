@@ -125,8 +125,8 @@ def _written_direct(checkpoint: dict[str, Any], fd: int, target: Path) -> bool:
     except (OSError, RuntimeError) as error:
         if not isinstance(_os_error_in(error), DirectWriteRefused):
             raise
-        log.info("the file system under %s refused a direct write: writing %s through the page cache",
-                 target.parent, target.name)
+        log.info("a direct write of %s failed with EINVAL (a file system that takes O_DIRECT but refuses it, or a "
+                 "write cut short by a size limit): writing it through the page cache", target)
     finally:
         direct.close()
     set_direct_writes(fd, False)

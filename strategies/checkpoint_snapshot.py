@@ -39,12 +39,15 @@ class CheckpointSnapshot:
         self._buffers: list[torch.Tensor] = []  # in the order of the previous snapshot's tensors
         self._used = 0
         self._copied_on: list[torch.cuda.Event] = []
+        self._copies: dict[tuple[Any, ...], torch.Tensor] = {}  # this take's copies, by what they copied
 
     def take(self, checkpoint: dict[str, Any]) -> dict[str, Any]:
         """A copy of `checkpoint` that shares nothing mutable with it."""
         self._used = 0
+        self._copies = {}
         devices: set[torch.device] = set()
         copied = self._copy(checkpoint, devices)
+        self._copies = {}
         del self._buffers[self._used:]  # a smaller checkpoint than last time: free the rest
         self._copied_on = [_event_on(device) for device in devices]
         return copied
@@ -75,9 +78,14 @@ class CheckpointSnapshot:
 
     def _copy_tensor(self, tensor: torch.Tensor, devices: set[torch.device]) -> torch.Tensor:
         tensor = tensor.detach()
-        if tensor.layout != torch.strided or type(tensor) is not torch.Tensor:
-            return tensor.to("cpu", copy=True)  # sparse, quantized, a subclass: a plain fresh copy
-        buffer = self._buffer_like(tensor)
+        if (tensor.layout != torch.strided or type(tensor) is not torch.Tensor or tensor.is_quantized
+                or tensor.is_nested):
+            return tensor.to("cpu", copy=True)  # sparse, quantized, nested, a subclass: a plain fresh copy
+        seen = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tensor.shape,
+                tensor.stride(), tensor.dtype)
+        if seen[1] and seen in self._copies:  # the same tensor twice (tied weights): one copy, as torch.save keeps one
+            return self._copies[seen]
+        buffer = self._copies[seen] = self._buffer_like(tensor)
         non_blocking = tensor.device.type == "cuda"
         buffer.copy_(tensor, non_blocking=non_blocking)
         if non_blocking:
@@ -108,7 +116,8 @@ def _page_aligned_empty(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
     nbytes = shape.numel() * dtype.itemsize
     if nbytes < ALIGNMENT:
         return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).view(shape)
+    private = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)  # anonymous, not shared memory: THP may back it
+    return torch.frombuffer(private, dtype=dtype).view(shape)
 
 
 def _event_on(device: torch.device) -> torch.cuda.Event:

@@ -1,9 +1,9 @@
 """Writing a large checkpoint around the page cache (Linux `O_DIRECT`), so the write costs almost no CPU.
 
 A buffered write copies every byte into the page cache (allocating, and later reclaiming, pages) and the
-kernel's writeback then sends them to the disk: about 1 CPU-second for a 507 MB checkpoint on the 2-core
+kernel's writeback then sends them to the disk: 0.3-1.1 CPU-seconds for a 507 MB checkpoint on the 2-core
 development machine, taken from training when a background save runs beside it on a machine without an
-idle core. With `O_DIRECT` the disk reads the bytes straight from our memory: ~0.02 CPU-seconds for the
+idle core. With `O_DIRECT` the disk reads the bytes straight from our memory: ~0.02-0.05 CPU-seconds for the
 same file. The price is alignment: the memory address, the file offset and the length of every write must
 be multiples of the device's block size (`ALIGNMENT` covers 512-byte and 4 KiB devices).
 

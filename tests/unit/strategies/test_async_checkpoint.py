@@ -48,6 +48,25 @@ def test_the_snapshot_reuses_its_buffers_for_the_next_save() -> None:
     assert snapshot.nbytes == (1000 + 5) * 4
 
 
+def test_the_snapshot_copies_tied_weights_once_and_every_tensor_kind(tmp_path: Path) -> None:
+    """Tied weights (one tensor under two keys) stay one tensor, as torch.save keeps them, so the file is no
+    larger than a synchronous save's; quantized and nested tensors, which have no plain buffer to copy into,
+    are copied whole."""
+    shared = torch.randn(64, 32)
+    live = {"embedding.weight": shared, "head.weight": shared,
+            "quantized": torch.quantize_per_tensor(torch.randn(8), 0.1, 0, torch.qint8),
+            "nested": torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])}
+    copied = CheckpointSnapshot().take(live)
+    assert copied["embedding.weight"] is copied["head.weight"]
+    assert copied["embedding.weight"].data_ptr() != shared.data_ptr()
+    assert torch.equal(copied["quantized"].dequantize(), live["quantized"].dequantize())
+    assert copied["quantized"].data_ptr() != live["quantized"].data_ptr()
+    TorchCheckpointIO().save(copied, tmp_path / "a.ckpt")
+    loaded = TorchCheckpointIO().load(tmp_path / "a.ckpt")
+    assert loaded["embedding.weight"] is loaded["head.weight"] and torch.equal(loaded["head.weight"], shared)
+    assert [t.tolist() for t in loaded["nested"].unbind()] == [[1.0, 1.0], [1.0, 1.0, 1.0]]
+
+
 def test_submit_returns_before_the_file_exists_and_wait_finishes_it(tmp_path: Path) -> None:
     io = GatedCheckpointIO()
     writer = BackgroundCheckpointWriter(io)
