@@ -4,7 +4,7 @@
 # 1. benchmarks.gpu (its self-check, then ours against the plain loop, torch DDP and Lightning), eager;
 # 2. #40's checkpoint stall on the host's cores, 6 threads per rank (2 CPU ranks; a core left for the writer);
 # 3. #37's cnn on the host's 16 CPU cores (2 ranks x 8 threads: torch DDP, ours, ours over gloo);
-# 4. the CUDA tests of the reducer, the async checkpoint snapshot and the fit features.
+# 4. the CUDA tests of the reducer, the async checkpoint snapshot and its direct write, and the fit features.
 # Everything lands in $OUT in 8 files (the most the device tool brings back); the step log is session.log.
 # The device has torch + Lightning, not hydra: python3.
 set -u
@@ -30,6 +30,6 @@ step cpu_cnn 240 python3 -m benchmarks.run --workloads cnn --contenders torch_dd
     --launch-repeats 0 --no-sweep --no-accuracy --out "$OUT/cpu_cnn"
 rm -f "$OUT/cpu_cnn/results.png"
 step cuda_tests 120 python3 -m pytest -q -p no:cacheprovider tests/unit/strategies/test_async_checkpoint.py \
-    tests/unit/strategies/test_reducer_copies.py tests/distributed/test_cuda.py \
+    tests/unit/strategies/test_direct_write.py tests/unit/strategies/test_reducer_copies.py tests/distributed/test_cuda.py \
     tests/unit/trainer/test_fit_features.py -k "not cli"
 grep -E "^===|passed|failed|stall|throughput" "$LOG" | tail -30

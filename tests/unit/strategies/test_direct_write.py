@@ -258,3 +258,20 @@ def test_saves_overlapping_on_two_threads_each_get_the_switches_and_leave_none_b
         other.join(timeout=30)
         assert settings() == (False, ALIGNMENT)
     assert settings() == found
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_the_snapshots_pinned_buffers_reach_the_disk_without_a_copy(direct_dir: Path,
+                                                                            written: list[DirectFile]) -> None:
+    """Pinned host memory comes page-aligned from the CUDA driver: a background save from a GPU writes in place
+    as well (were it not aligned, the save would go through the page cache, never fail)."""
+    weights = [torch.randn(5 * MIB + 123, device="cuda") for _ in range(4)]
+    snapshot = CheckpointSnapshot()
+    copied = snapshot.take({"weights": weights})
+    snapshot.ready()
+    assert all(t.is_pinned() and t.untyped_storage().data_ptr() % ALIGNMENT == 0 for t in copied["weights"])
+    TorchCheckpointIO().save(copied, direct_dir / "gpu.ckpt")
+    [direct] = written
+    assert direct.bytes_copied < 64 * 1024, direct.bytes_copied
+    loaded = torch.load(direct_dir / "gpu.ckpt", weights_only=True)
+    assert all(torch.equal(a, b.cpu()) for a, b in zip(loaded["weights"], weights))
