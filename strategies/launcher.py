@@ -155,7 +155,9 @@ def _remember_user(strategy: Strategy) -> None:
 def _pool_stage(strategy: Strategy, payload_path: Path, key: tuple[Any, ...], group: tuple[Any, ...],
                 restart: int) -> _Stage:
     pool = _pool_for(key)
-    if _SharedPool.group != group:  # another Trainer's backend or timeout: the ranks make a new group
+    # Another Trainer's backend or timeout, or this process's end of the group was destroyed between the
+    # stages (torch.distributed.destroy_process_group() by the user or a test harness): the ranks make a new one.
+    if _SharedPool.group != group or not torch.distributed.is_initialized():
         process_group.destroy_process_group()
         _SharedPool.group, _SharedPool.generation = group, _SharedPool.generation + 1
     _remember_user(strategy)

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from strategies.sampler import rebuild_with_batch_sampler
 
@@ -69,8 +69,7 @@ class PredictionRun:
         writers = [callback for callback in callbacks if is_prediction_writer(callback)]
         on_batch = any(writer.interval.on_batch for writer in writers)
         on_epoch = any(writer.interval.on_epoch for writer in writers)
-        recorders = [IndexRecordingBatchSampler(loader.batch_sampler)
-                     if writers and isinstance(loader, DataLoader) and loader.batch_sampler is not None else None
+        recorders = [IndexRecordingBatchSampler(loader.batch_sampler) if writers and _has_indices(loader) else None
                      for loader in loaders]
         recording = [loader if recorder is None else rebuild_with_batch_sampler(loader, recorder)
                      for loader, recorder in zip(loaders, recorders)]
@@ -96,3 +95,10 @@ class PredictionRun:
     def results(self) -> Any:
         """Lightning's shape: one loader's list, or a list per loader."""
         return self.predictions[0] if len(self.predictions) == 1 else self.predictions
+
+
+def _has_indices(loader: Any) -> bool:
+    """Whether the loader's batches come from dataset indices a writer can be given. An iterable dataset's
+    DataLoader draws from no index sampler (and refuses a batch sampler): its writers get no indices."""
+    return (isinstance(loader, DataLoader) and loader.batch_sampler is not None
+            and not isinstance(loader.dataset, IterableDataset))

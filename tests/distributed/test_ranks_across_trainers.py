@@ -122,6 +122,18 @@ def test_a_failing_rank_ends_the_stage_and_the_next_trainer_works(tmp_path: Path
 
 
 @pytest.mark.timeout(240)
+def test_a_group_destroyed_between_trainers_is_made_again(tmp_path: Path, ranks: str) -> None:
+    """A script (or a test harness: Lightning's conftest does it after every test) may destroy the
+    default group between two fits; the next Trainer's ranks meet in a new group instead of the kept
+    ranks waiting in the old one while this process makes another (a hang, or a reset connection)."""
+    first = _fit(tmp_path, "first")
+    dist.destroy_process_group()
+    second = _fit(tmp_path, "second")
+    assert first[1][0] == second[1][0]  # the same rank 1 served both Trainers, in a new group
+    assert [rank[4] for rank in second] == ["2", "2"]
+
+
+@pytest.mark.timeout(240)
 def test_every_rank_sees_the_same_restart_count(tmp_path: Path, ranks: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A rank 1 that dies in the first attempt is restarted; the second attempt's ranks, the caller
     included, read restart count 1 from the environment and the strategy; afterwards the caller's

@@ -32,7 +32,9 @@ IGNORE_SCOPE = os.environ.get("LIGHTNING_SUITE_IGNORE_SCOPE", "") not in ("", "0
 # Lightning's packages whose public names the tests import (pytorch_lightning is optional).
 _ROOTS = ["lightning.pytorch", "pytorch_lightning"]
 
-_replaced: dict[int, object] = {}   # id(Lightning's object) -> ours
+# id(Lightning's object) -> (Lightning's object, ours). The object is kept: once no Lightning module holds it, it
+# could be collected and its id reused by an unrelated class (a run once swapped `RandomDictDataset` for our Trainer).
+_replaced: dict[int, tuple[object, object]] = {}
 _swapped: list[str] = []            # "module.attr" names patched, for the record
 
 
@@ -50,7 +52,7 @@ def _swap(module_name: str, attr: str, new: object) -> None:
     old = getattr(module, attr)
     if old is new:
         return
-    _replaced[id(old)] = new
+    _replaced[id(old)] = (old, new)
     setattr(module, attr, new)
     _swapped.append(f"{module_name}.{attr}")
 
@@ -95,8 +97,8 @@ def _rewrite_test_globals() -> None:
         if not name.startswith("tests_pytorch") or module is None:
             continue
         for attr, value in list(vars(module).items()):
-            new = _replaced.get(id(value))
-            if new is not None:
+            old, new = _replaced.get(id(value), (None, None))
+            if old is value:
                 setattr(module, attr, new)
 
 

@@ -139,7 +139,9 @@ class TensorBoardLogger(FileLogger):
     def finalize(self, status: str) -> None:
         if self._experiment is not None:
             # closed but kept: the SummaryWriter opens a new event file only if something is written
-            # later (test after fit), as Lightning's does; a stage that writes nothing leaves none
+            # later (test after fit), as Lightning's does; a stage that writes nothing leaves none.
+            # Flushed first, as Lightning does: a writer that buffers apart from close() still gets its events out.
+            self._experiment.flush()
             self._experiment.close()
         if status == "success":
             self.save()
