@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,17 @@ def peer_connection_error(error: BaseException) -> bool:
         return True
     text = str(error).lower()
     return isinstance(error, RuntimeError) and any(word in text for word in _PEER_GONE_WORDS)
+
+
+def failed_alike(error: BaseException, failure: WorkerFailedError) -> bool:
+    """Whether rank 0 raised, on its own, the very exception the worker did (type and message: a check every
+    rank makes at the same point, as the non-finite check does). Then rank 0's own exception is what the caller
+    gets, whichever rank was a moment sooner, as under Lightning's launcher, where the main process's own
+    error is what the script sees."""
+    if failure.traceback is None or isinstance(error, StageInterrupted):
+        return False
+    own = "".join(traceback.format_exception_only(error)).rstrip()
+    return bool(own) and failure.traceback.rstrip().endswith(own)
 
 
 def first_failure(exit_codes: dict[int, int], failures_dir: Path) -> WorkerFailedError:

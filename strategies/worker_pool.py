@@ -34,8 +34,8 @@ import torch.distributed as dist
 from strategies.hang_guard import write_failure_stamp
 from strategies.stage_watch import StageWatch
 from strategies.worker import STOP, Order, WorkerSpec, worker_main
-from strategies.worker_failure import (EXIT_CODE_WAIT_S, WorkerFailedError, failed_exit_codes, first_failure,
-                                       peer_connection_error)
+from strategies.worker_failure import (EXIT_CODE_WAIT_S, WorkerFailedError, failed_alike, failed_exit_codes,
+                                       first_failure, peer_connection_error)
 from strategies.worker_start import main_without_a_missing_file, worker_start_method
 
 T = TypeVar("T")
@@ -133,7 +133,7 @@ class WorkerPool:
             failure = watch.failure or self._failure_behind(error)
             self.close(graceful=False)
             watch.join(_STOP_WAIT_S)  # it ends as the pipes close
-            if failure is not None:
+            if failure is not None and not failed_alike(error, failure):
                 raise failure from None
             raise
         finally:
