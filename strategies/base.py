@@ -263,6 +263,13 @@ class Strategy(abc.ABC):
         which is what a fast compiled step notices."""
         return None
 
+    def reduced_gradients_finite(self, grads: list[torch.Tensor]) -> bool | None:
+        """Whether `grads` were all finite when the strategy averaged them, when it saw that on the way and none
+        has changed since; else None, and the caller reads them. Our DDP answers between CPU ranks of one host,
+        where the shared-memory transport looks at each share it sums (strategies/finite_verdict.py): the
+        non-finite check then costs no pass over the gradients."""
+        return None
+
     def gradient_norm(self, optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
         """The 2-norm of all of `optimizer`'s gradients when only the strategy can compute it, else None (the
         caller computes it from the gradients, or `gradient_buffers`). DDP with `zero_stage` 1 or 2 answers:

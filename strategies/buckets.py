@@ -101,9 +101,14 @@ class GradBucket:
     This is the object comm hooks receive. `buffer()` is what they reduce; with
     `gradient_as_bucket_view` each `param.grad` *is* `view_for(param)`, so reducing the
     buffer reduces the gradients in place with no copy in or out.
+
+    One exception, the reducer's to make: between CPU ranks of one host the built-in hooks reduce the
+    gradients where autograd left them (`in_place()`, a list in `parameters`' order; a slot where a
+    gradient is missing or already in it), undivided, and `buffer()` holds only those slots.
     """
 
-    def __init__(self, index: int, parameters: Sequence[torch.Tensor], pad_to: int = 1) -> None:
+    def __init__(self, index: int, parameters: Sequence[torch.Tensor], pad_to: int = 1, *,
+                 zero_fill: bool = True) -> None:
         if not parameters:
             raise ValueError(f"bucket {index} has no parameters; a plan must not contain empty buckets.")
         first = parameters[0]
@@ -117,9 +122,13 @@ class GradBucket:
         # ZeRO (strategies/zero.py) shards the buffer evenly over `pad_to` ranks: the tail past the
         # gradients stays zero, so reducing it changes nothing.
         padded = -(-total // pad_to) * pad_to
-        self._buffer = torch.zeros(padded, dtype=first.dtype, device=first.device)
+        # Without `zero_fill` every slot is written before it is read (gradients reduced in place use few
+        # slots or none), and memory never written is never resident: no bucket's worth of RSS for nothing.
+        make = torch.zeros if zero_fill else torch.empty
+        self._buffer = make(padded, dtype=first.dtype, device=first.device)
         self._views: list[torch.Tensor] = []
         self._scratch: dict[torch.dtype, torch.Tensor] = {}
+        self._in_place: list[torch.Tensor] | None = None
         self._position: dict[int, int] = {}
         offset = 0
         for position, param in enumerate(parameters):
@@ -130,6 +139,15 @@ class GradBucket:
     def buffer(self) -> torch.Tensor:
         """The flat 1-D gradient buffer of this bucket (with ZeRO, padded to a multiple of the ranks)."""
         return self._buffer
+
+    def in_place(self) -> list[torch.Tensor] | None:
+        """Where this pass's gradients are, when the reducer left them in place (see the class docstring),
+        else None: then `buffer()` holds them all."""
+        return self._in_place
+
+    def leave_in_place(self, gradients: list[torch.Tensor] | None) -> None:
+        """The reducer's: this pass's gradients are `gradients` (None: they are in `buffer()`)."""
+        self._in_place = gradients
 
     def scratch(self, dtype: torch.dtype) -> torch.Tensor:
         """A flat buffer shaped like `buffer()` in `dtype`, allocated once and reused (for hooks
@@ -159,40 +177,45 @@ class GradBucket:
                 f"mib={self.nbytes / MIB:.3f}, {self._buffer.dtype}, {self._buffer.device})")
 
 
-def build_buckets(params: Sequence[torch.Tensor], plan: Iterable[Sequence[int]], pad_to: int = 1) -> list[GradBucket]:
-    """Allocate one zeroed flat buffer per planned bucket (its length a multiple of `pad_to`)."""
-    return [GradBucket(index, [params[i] for i in indexes], pad_to) for index, indexes in enumerate(plan)]
+def build_buckets(params: Sequence[torch.Tensor], plan: Iterable[Sequence[int]], pad_to: int = 1, *,
+                  zero_fill: bool = True) -> list[GradBucket]:
+    """Allocate one flat buffer per planned bucket (its length a multiple of `pad_to`), zeroed unless not
+    `zero_fill`."""
+    return [GradBucket(index, [params[i] for i in indexes], pad_to, zero_fill=zero_fill)
+            for index, indexes in enumerate(plan)]
 
 
 class BucketLayout:
     """The buckets of one plan and, per parameter, its bucket and its slot (a view into that
     bucket's buffer): what the reducer looks up at every gradient hook."""
 
-    def __init__(self, params: Sequence[torch.Tensor], plan: list[list[int]], pad_to: int = 1) -> None:
+    def __init__(self, params: Sequence[torch.Tensor], plan: list[list[int]], pad_to: int = 1, *,
+                 zero_fill: bool = True) -> None:
         self.plan = plan
-        self.buckets = build_buckets(params, plan, pad_to)
+        self.buckets = build_buckets(params, plan, pad_to, zero_fill=zero_fill)
         self.bucket_of = [0] * len(params)  # param index -> bucket index
         self.views: list[torch.Tensor] = [torch.empty(0)] * len(params)  # param index -> its slot
         for bucket_index, (indexes, bucket) in enumerate(zip(plan, self.buckets)):
             for param_index, view in zip(indexes, bucket.views()):
                 self.bucket_of[param_index] = bucket_index
                 self.views[param_index] = view
-        self._slot_ids = frozenset(id(view) for view in self.views)  # the slots live as long as the layout
+        self.slot_ids = frozenset(id(view) for view in self.views)  # the slots live as long as the layout
         self.batched_copies = [copies_per_bucket(bucket.buffer().device) for bucket in self.buckets]
 
     def buffers_holding(self, grads: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
         """The flat buffers, when `grads` are exactly the slots (every one, each once), so that a check
         reading every gradient can read a few large tensors instead; else None. Checked each call:
         a user may have replaced a `.grad` since the reduction put the slot there."""
-        if len(grads) != len(self.views) or {id(grad) for grad in grads} != self._slot_ids:
+        if len(grads) != len(self.views) or {id(grad) for grad in grads} != self.slot_ids:
             return None
         return [bucket.buffer() for bucket in self.buckets]
 
-    def take_grads(self, params: Sequence[torch.Tensor]) -> None:
-        """Make every existing `.grad` its slot, value kept: after a re-plan with
-        `gradient_as_bucket_view`, the (averaged) gradients still live in the old buffers."""
+    def take_grads(self, params: Sequence[torch.Tensor], previous: BucketLayout) -> None:
+        """Make every `.grad` that is a slot of the `previous` layout its slot here, value kept: after a re-plan
+        with `gradient_as_bucket_view` the (averaged) gradients still live in the old buffers. A `.grad` with
+        its own memory (averaged where autograd left it) stays where it is."""
         for param, view in zip(params, self.views):
-            if param.grad is not None:
+            if param.grad is not None and id(param.grad) in previous.slot_ids:
                 view.copy_(param.grad)
                 param.grad = view
 
@@ -236,9 +259,13 @@ class BucketLayout:
         for indexes, bucket, result in zip(self.plan, self.buckets, results):
             if result.data_ptr() != bucket.buffer().data_ptr():  # the hook answered in a new tensor
                 bucket.buffer().copy_(result.view_as(bucket.buffer()))
-            for index, view in zip(indexes, bucket.views()):
+            reduced = bucket.in_place() or bucket.views()
+            bucket.leave_in_place(None)
+            for index, view, where in zip(indexes, bucket.views(), reduced):
                 if used is not None and not used[index]:
                     continue  # no rank produced a gradient: leave .grad as it was (None)
+                if where is not view:
+                    continue  # averaged where autograd left it: `.grad` holds the mean already
                 param = params[index]
                 if as_view:
                     if param.grad is None:  # otherwise .grad already is the view (the reducer put it there)

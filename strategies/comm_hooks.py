@@ -13,6 +13,9 @@ Division happens *before* the sum, as in torch's default hooks: it keeps the sum
 the range of the gradients themselves, which matters most for the fp16 hook. For the built-in
 hooks the reducer divides while copying gradients into the bucket (`state.prescaled`), which
 saves the hook a pass over the buffer; a custom hook always receives the undivided gradients.
+Between CPU ranks of one host the built-in hooks get the gradients where autograd left them
+(`bucket.in_place()`): the shared-memory transport divides them while copying them into its slots,
+so no pass is spent on the bucket at all.
 """
 
 from __future__ import annotations
@@ -146,6 +149,14 @@ def allreduce_mean(state: CommHookState, bucket: GradBucket) -> torch.futures.Fu
 
 def _mean_in_place(state: CommHookState, bucket: GradBucket,
                    wire_dtype: torch.dtype | None = None) -> torch.futures.Future[torch.Tensor]:
+    gradients = bucket.in_place()
+    if gradients is not None and state.shared_memory is not None:
+        # The gradients where autograd left them (the reducer copied none): the transport divides each on the
+        # way into its slot and writes the mean back over it, telling the reducer whether the means are finite.
+        # Resolves to the buffer, so nothing is copied.
+        summed = state.shared_memory.all_reduce_async(gradients, wire_dtype, divisor=state.world_size,
+                                                      check_finite=True)
+        return summed.then(lambda fut: (fut.value(), bucket.buffer())[1])
     buffer = bucket.buffer()
     if not state.prescaled:
         buffer.div_(state.world_size)

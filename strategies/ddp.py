@@ -360,6 +360,12 @@ class DDPStrategy(Strategy):
         return self._reducer.gradient_buffers(grads) if self._reducer is not None else None
 
     @override
+    def reduced_gradients_finite(self, grads: list[torch.Tensor]) -> bool | None:
+        if self._zero is not None or self._reducer is None:
+            return None
+        return self._reducer.reduced_finite(grads)
+
+    @override
     def gradient_norm(self, optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
         if self._zero is None:
             return None

@@ -41,6 +41,7 @@ from torch import nn
 from strategies.bucket_order import BucketOrder
 from strategies.buckets import BucketLayout, trainable_parameters
 from strategies.comm_hooks import CommHook, CommHookState, accepts_prescaled, resolve_comm_hook
+from strategies.finite_verdict import FiniteVerdict
 from strategies.graph import launch_used_map, reachable_parameter_ids
 from strategies.hang_guard import LEDGER
 from strategies.shm_transport import SharedMemoryAllReduce
@@ -74,8 +75,15 @@ class GradReducer:
         self._state = CommHookState.connect(process_group, self._params, transport=transport, timeout=timeout,
                                             prescale=accepts_prescaled(self._hook))
         self.process_group, self.world_size = process_group, self._state.world_size
-        self._divisor = self.world_size if self._state.prescaled else 1  # applied while copying gradients in
         self.zero_stage = zero_stage  # > 0: buckets padded to whole shards and kept as first planned
+        # Between CPU ranks of one host a built-in hook reduces each gradient where autograd left it, and the
+        # transport divides it on the way (comm_hooks._mean_in_place): no copy into the bucket at all.
+        self._in_place = (self._state.shared_memory is not None and accepts_prescaled(self._hook)
+                          and not zero_stage)
+        self._divides = self._state.prescaled and not self._in_place  # the reducer divides what it copies in
+        self._verdict = FiniteVerdict()  # in place: whether the last pass's means were finite, for free
+        self._nonfinite_seen = 0  # the transport's count of non-finite shares at the end of the last pass
+        self._divisor = self.world_size if self._divides else 1  # applied while copying gradients in
         self._as_view, self._find_unused = gradient_as_bucket_view, find_unused_parameters
         self.require_backward_grad_sync = True  # False inside `no_sync()`, torch DDP's name
         self._removed = self._finalized_since_mark = False
@@ -151,6 +159,12 @@ class GradReducer:
             return None
         return self._layout.buffers_holding(grads)
 
+    def reduced_finite(self, grads: list[torch.Tensor]) -> bool | None:
+        """Whether `grads` were all finite as the last synchronised pass averaged them, when the transport saw
+        that on the way (gradients averaged in place) and none has been replaced or written since; else None
+        (strategies/finite_verdict.py)."""
+        return self._verdict.finite(grads) if self._in_place else None
+
     @property
     def layout(self) -> BucketLayout:
         """The current buckets (the optimizer's shards are cut from them with `zero_stage` > 0)."""
@@ -194,19 +208,22 @@ class GradReducer:
         if self._as_view:
             self._layout.release_grads(self._params)
         self._install_buckets([])
+        self._verdict.clear()
         self._state.close()
         self._removed = True
 
     # ------------------------------------------------------------------ buckets
     def _install_buckets(self, plan: list[list[int]]) -> None:
-        self._layout = BucketLayout(self._params, plan, pad_to=self.world_size if self.zero_stage else 1)
+        self._layout = BucketLayout(self._params, plan, pad_to=self.world_size if self.zero_stage else 1,
+                                    zero_fill=not self._in_place)
         self._reset_pass()  # the pass state is per bucket
 
     def _move_to(self, plan: list[list[int]]) -> None:
         """Switch to new buckets between steps, keeping the (already averaged) gradients."""
+        previous = self._layout
         self._install_buckets(plan)
         if self._as_view:
-            self._layout.take_grads(self._params)
+            self._layout.take_grads(self._params, previous)
 
     # ------------------------------------------------------------------ one backward pass
     def _reset_pass(self) -> None:
@@ -257,13 +274,15 @@ class GradReducer:
             raise RuntimeError(f"Parameter {index} has a sparse gradient, which GradReducer cannot bucket; "
                                "use dense gradients (e.g. nn.Embedding(sparse=False)).")
         if grad is not view and grad.data_ptr() != view.data_ptr():  # a fresh .grad (set_to_none=True)
+            if self._in_place and _reducible_where_it_is(grad, view):
+                return  # the bucket's launch hands it to the transport as it is (see _gradients_of)
             bucket_index = self._layout.bucket_of[index]
             arrived = self._arrived[bucket_index]
             if (more_may_come or self._layout.batched_copies[bucket_index]) and not self._ready[index]:
                 arrived.append(index)  # copied in with its bucket's others once that is complete (_mark_ready)
             elif index not in arrived:  # now: one pass on a CPU, or marked unused, used after all, bucket copied
                 self._layout.copy_one(self._params[index], index, self._divisor, self._as_view)
-                self._scaled[index] = self._state.prescaled
+                self._scaled[index] = self._divides
 
     def _mark_ready(self, index: int) -> None:
         self._ready[index] = True
@@ -280,19 +299,31 @@ class GradReducer:
         """A bucket's fresh gradients into their slots, divided on the way in when prescaled."""
         self._layout.copy_in(self._params, indexes, self._divisor, self._as_view)
         for index in indexes:
-            self._scaled[index] = self._state.prescaled
+            self._scaled[index] = self._divides
 
     def _launch(self, bucket_index: int) -> None:
         bucket = self._layout.buckets[bucket_index]
-        if self._state.prescaled:  # slots that accumulated in place (no_sync, set_to_none=False) are divided here
+        if self._divides:  # slots that accumulated in place (no_sync, set_to_none=False) are divided here
             for index, view in zip(self._layout.plan[bucket_index], bucket.views()):
                 if not self._scaled[index]:
                     view.div_(self.world_size)
+        elif self._in_place:
+            bucket.leave_in_place(self._gradients_of(bucket_index))
         LEDGER.begin(f"gradient all-reduce, bucket {bucket_index}", bucket.buffer())
         future = self._hook(self._state, bucket)
         self._futures[bucket_index] = future
         self._telemetry.bucket_launched(future)
         self._next_bucket += 1
+
+    def _gradients_of(self, bucket_index: int) -> list[torch.Tensor]:
+        """Where each gradient of the bucket is now: its own `.grad` when `_absorb_grad` left it there, else
+        its slot (zeros for a missing gradient, or a `.grad` that already is the slot)."""
+        gradients = []
+        for index in self._layout.plan[bucket_index]:
+            grad, view = self._params[index].grad, self._layout.views[index]
+            fresh = grad is not None and grad is not view and grad.data_ptr() != view.data_ptr()
+            gradients.append(grad if grad is not None and fresh and _reducible_where_it_is(grad, view) else view)
+        return gradients
 
     def _on_backward_end(self) -> None:
         self._telemetry.end_backward()
@@ -311,7 +342,10 @@ class GradReducer:
             results = [self._telemetry.wait(future) for future in self._futures if future is not None]
             used = used_future.wait()[0].tolist() if used_future is not None else None
             step = self._telemetry.end_step()
+            averaged = [bucket.in_place() or [] for bucket in self._layout.buckets]
             self._layout.write_back(self._params, results, used, as_view=self._as_view)
+            if self._in_place and self._state.shared_memory is not None:
+                self._settle_verdict(self._state.shared_memory.nonfinite_rounds(), averaged)
             self.completed_syncs += 1
             if not self._bucket_order.rebuilt and not self.zero_stage:  # re-plan once, in rank 0's readiness order
                 self._move_to(self._bucket_order.rebuild(self._ready_order, self._layout.plan))
@@ -319,7 +353,18 @@ class GradReducer:
             if self.after_sync is not None:
                 self.after_sync(step)
 
+    def _settle_verdict(self, nonfinite_shares: int, averaged: list[list[torch.Tensor]]) -> None:
+        """After a pass averaged in place: its means were finite unless a rank counted a non-finite share."""
+        finite, self._nonfinite_seen = nonfinite_shares == self._nonfinite_seen, nonfinite_shares
+        self._verdict.settle(finite, (tensor for tensors in averaged for tensor in tensors))
+
     def _check_not_removed(self, method: str) -> None:
         if self._removed:
             raise RuntimeError(f"GradReducer.{method}() called after remove(); create a new GradReducer.")
+
+
+def _reducible_where_it_is(grad: torch.Tensor, slot: torch.Tensor) -> bool:
+    """Whether the transport can read and write `grad` as it is: dense, contiguous, the slot's dtype (a
+    channels-last or otherwise strided gradient is copied into its slot instead)."""
+    return grad.is_contiguous() and grad.dtype == slot.dtype and grad.layout == torch.strided
 

@@ -19,8 +19,9 @@ SHM_DIR_ENV = "DDP_TRAINER_SHM_DIR"  # where the region file lives; /dev/shm unl
 FLAGS_BYTES = 4096  # one page: the flags never share a cache line with gradient data
 # Words of a rank's flags page. SHAPE (element count and dtype of the round) is written before
 # READY, so peers can refuse a round whose tensors differ instead of summing garbage; FAILED lets a
-# rank that hit an error stop its peers at once instead of after the timeout.
-READY, REDUCED, DONE, TOKEN, SHAPE, FAILED = 0, 1, 2, 3, 4, 5
+# rank that hit an error stop its peers at once instead of after the timeout. NONFINITE counts the rounds
+# whose share, as this rank summed it, held a NaN or inf (written before REDUCED, so a peer past REDUCED sees it).
+READY, REDUCED, DONE, TOKEN, SHAPE, FAILED, NONFINITE = 0, 1, 2, 3, 4, 5, 6
 
 
 class Obstacle(str):

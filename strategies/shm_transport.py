@@ -35,11 +35,14 @@ peer computes on, and gives up after `timeout` naming the rank it waited for.
 from __future__ import annotations
 
 import logging
+import math
 import mmap
 import os
 import queue
 import threading
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -47,9 +50,10 @@ import torch
 import torch.distributed as dist
 
 from strategies.hang_guard import LEDGER
-from strategies.shm_region import (DONE, FAILED, FLAGS_BYTES, READY, REDUCED, SHAPE, Obstacle, create_region,
-                                   first_obstacle, host_identity, local_obstacle, open_region, region_bytes,
-                                   unlink_quietly)
+from strategies.scattered import Scattered
+from strategies.shm_region import (DONE, FAILED, FLAGS_BYTES, NONFINITE, READY, REDUCED, SHAPE, Obstacle,
+                                   create_region, first_obstacle, host_identity, local_obstacle, open_region,
+                                   region_bytes, unlink_quietly)
 
 TRANSPORTS = ("auto", "shared_memory", "process_group")
 _DEFAULT_SLOT_BYTES = 2 * 2**20  # per rank; larger measured no faster, and every rank maps every slot (RSS)
@@ -100,27 +104,40 @@ class SharedMemoryAllReduce:
         self._slots = [torch.frombuffer(region, dtype=torch.uint8, count=slot_bytes,
                                         offset=k * stride + FLAGS_BYTES) for k in range(world_size)]
         self._generation = 0
+        self._nonfinite = 0  # rounds whose share I summed held a NaN or inf (published as NONFINITE)
         self._failure: BaseException | None = None
-        self._queue: queue.SimpleQueue[tuple[torch.Tensor, torch.dtype | None,
-                                             torch.futures.Future[list[torch.Tensor]], torch.Tensor | None] | None]
-        self._queue = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Operation | None] = queue.SimpleQueue()
+        self._scratch = torch.empty(0)  # where my chunk of a round is summed when it spans several tensors
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name=f"ddp-shm-allreduce-{rank}", daemon=True)
         self._thread.start()
 
     # ------------------------------------------------------------------ public
-    def all_reduce_async(self, tensor: torch.Tensor,
-                         wire_dtype: torch.dtype | None = None) -> torch.futures.Future[list[torch.Tensor]]:
+    def all_reduce_async(self, tensor: torch.Tensor | Sequence[torch.Tensor], wire_dtype: torch.dtype | None = None,
+                         divisor: int = 1, check_finite: bool = False) -> torch.futures.Future[list[torch.Tensor]]:
         """Queue `tensor` (CPU, contiguous) for an in-place sum over the ranks; return at once.
 
-        With a `wire_dtype` (bf16/fp16 compression), each rank's addend is rounded to it on the way
-        into its slot and the sum is rounded to it once; the additions themselves run in
-        `tensor`'s dtype, and every rank gets the same rounded values.
+        `tensor` may be a list of such tensors of one dtype, reduced as one flat run in order (a bucket's
+        gradients where autograd left them: strategies/scattered.py); the future then resolves to the list.
+        A `divisor` divides each addend on the way into the slot (the mean's division, in the pass that
+        copies anyway). With a `wire_dtype` (bf16/fp16 compression), each rank's addend is rounded to it on
+        the way into its slot and the sum is rounded to it once; the additions themselves run in the
+        tensors' dtype, and every rank gets the same rounded values. `check_finite`: each rank also looks at
+        the share it summed while it is still in cache, and `nonfinite_rounds()` counts those holding a NaN
+        or inf (the non-finite check's verdict without another pass over the gradients).
         """
-        if tensor.device.type != "cpu" or not tensor.is_contiguous():
-            raise ValueError(f"the shared-memory all-reduce takes contiguous CPU tensors; got {tensor.device} "
-                             f"(contiguous={tensor.is_contiguous()}). Use transport='process_group'.")
-        return self._submit(tensor, wire_dtype or tensor.dtype)
+        run = Scattered([tensor] if isinstance(tensor, torch.Tensor) else tensor)
+        if run.device.type != "cpu":
+            raise ValueError(f"the shared-memory all-reduce takes contiguous CPU tensors; got {run.device}. "
+                             "Use transport='process_group'.")
+        return self._submit(run, wire_dtype or run.dtype, divisor=divisor, check_finite=check_finite)
+
+    def nonfinite_rounds(self) -> int:
+        """Shares so far (of operations queued with `check_finite`; one per rank and round) whose sums held a
+        NaN or inf, over all ranks: it grew during an operation exactly when some mean was not finite. Read it
+        after an operation's future resolved: every peer counted that operation's rounds before it let this
+        rank finish them, and cannot count the next one's before this rank queues it."""
+        return sum(flags[NONFINITE] for flags in self._flags)
 
     def all_gather_async(self, output: torch.Tensor) -> torch.futures.Future[list[torch.Tensor]]:
         """Queue an in-place all-gather: `output` (CPU, contiguous, world_size equal chunks) holds this rank's
@@ -128,7 +145,7 @@ class SharedMemoryAllReduce:
         if output.device.type != "cpu" or not output.is_contiguous() or output.numel() % self.world_size:
             raise ValueError(f"the shared-memory all-gather takes a contiguous CPU tensor of world_size="
                              f"{self.world_size} equal chunks; got {output.numel()} elements on {output.device}.")
-        return self._submit(output, None)  # no wire dtype: a gather, not a sum
+        return self._submit(Scattered([output]), None)  # no wire dtype: a gather, not a sum
 
     def reduce_scatter_async(self, tensor: torch.Tensor,
                              output: torch.Tensor) -> torch.futures.Future[list[torch.Tensor]]:
@@ -142,16 +159,16 @@ class SharedMemoryAllReduce:
                              f"{self.world_size} equal chunks and a contiguous output of one chunk in its dtype; got "
                              f"{tensor.numel()} elements ({tensor.dtype}, {tensor.device}) into {output.numel()} "
                              f"({output.dtype}).")
-        return self._submit(tensor, tensor.dtype, output)
+        return self._submit(Scattered([tensor]), tensor.dtype, output)
 
-    def _submit(self, tensor: torch.Tensor, wire_dtype: torch.dtype | None,
-                output: torch.Tensor | None = None) -> torch.futures.Future[list[torch.Tensor]]:
+    def _submit(self, run: Scattered, wire_dtype: torch.dtype | None, output: torch.Tensor | None = None,
+                divisor: int = 1, check_finite: bool = False) -> torch.futures.Future[list[torch.Tensor]]:
         """Queue one operation for the worker thread (failed at once if the transport already failed)."""
         future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
         if self._failure is not None or self._closed:
             _fail(future, self._failure or RuntimeError("the shared-memory all-reduce was closed."))
             return future
-        self._queue.put((tensor, wire_dtype, future, output))
+        self._queue.put(_Operation(run, wire_dtype, future, output, divisor, check_finite))
         return future
 
     def close(self) -> None:
@@ -187,54 +204,58 @@ class SharedMemoryAllReduce:
             item = self._queue.get()
             if item is None:
                 return
-            self._reduce_one(*item)
+            self._reduce_one(item)
             # Drop the tensor now, not when the next one arrives: after a bucket rebuild the old
             # buffer would otherwise live on next to the new ones (a peak of one bucket's size).
             del item
 
-    def _reduce_one(self, tensor: torch.Tensor, wire_dtype: torch.dtype | None,
-                     future: torch.futures.Future[list[torch.Tensor]], output: torch.Tensor | None) -> None:
+    def _reduce_one(self, operation: _Operation) -> None:
+        future, run, output = operation.future, operation.run, operation.output
         if self._failure is not None:
             _fail(future, self._failure)
             return
         try:
-            flat = tensor.view(-1)
             if output is not None:
-                self._scatter(flat, output.view(-1))
-                tensor = output
-            elif wire_dtype is None:
-                self._gather(flat)
+                self._scatter(run.tensors[0].view(-1), output.view(-1))
+            elif operation.wire_dtype is None:
+                self._gather(run.tensors[0].view(-1))
             else:
-                per_round = max(1, self.slot_bytes // wire_dtype.itemsize)
-                for start in range(0, flat.numel(), per_round):
-                    self._round(flat[start:start + per_round], wire_dtype)
+                per_round = max(1, self.slot_bytes // operation.wire_dtype.itemsize)
+                for start in range(0, run.numel, per_round):
+                    self._round(run, start, min(per_round, run.numel - start), operation.wire_dtype,
+                                operation.divisor, operation.check_finite)
         except BaseException as error:  # noqa: BLE001 - handed to the waiting rank's main thread
             self._failure = error  # the flags are mid-round now: every later reduction fails too
             self._publish(FAILED, 1)  # peers stop waiting for us at their next poll
             _fail(future, error)
         else:
-            future.set_result([tensor])  # the output, for a reduce-scatter
+            future.set_result([output] if output is not None else run.tensors)  # the output, for a reduce-scatter
 
-    def _round(self, piece: torch.Tensor, wire_dtype: torch.dtype) -> None:
+    def _round(self, run: Scattered, start: int, count: int, wire_dtype: torch.dtype, divisor: int,
+               check_finite: bool) -> None:
+        """Elements [start, start + count) of `run` (at most one slot): in, my chunk summed, the others out."""
         generation = self._generation = self._generation + 1
-        count = piece.numel()
         slots = [slot[:count * wire_dtype.itemsize].view(wire_dtype) for slot in self._slots]
         mine = slots[self.rank]
         self._wait_for_all(DONE, generation - 1, "finish reading the previous round")
-        mine.copy_(piece)  # rounds to the wire dtype on the way in, in the same pass
+        run.read_into(start, mine, divisor)  # divides and rounds to the wire dtype on the way in, in the same pass
         self._publish(SHAPE, count * 64 + _DTYPE_CODES.get(wire_dtype, 0))
         self._publish(READY, generation)
         self._wait_for_all(READY, generation, "copy its gradients in")
         self._check_same_shape(wire_dtype, generation)
         low, high = self._chunk(count, self.rank, wire_dtype.itemsize)
         if high > low:
-            self._sum_my_chunk(piece[low:high], [slot[low:high] for slot in slots])
+            summed = self._sum_my_chunk(run, start + low, [slot[low:high] for slot in slots])
+            if check_finite and not _all_finite(summed):
+                self._nonfinite += 1
+                self._publish(NONFINITE, self._nonfinite)  # before REDUCED: a peer past it sees this count
         self._publish(REDUCED, generation)
         self._wait_for_all(REDUCED, generation, "sum its share")
         for peer in range(self.world_size):
             if peer != self.rank:
                 low, high = self._chunk(count, peer, wire_dtype.itemsize)
-                piece[low:high].copy_(slots[peer][low:high])
+                if high > low:
+                    run.write_from(start + low, slots[peer][low:high])
         self._publish(DONE, generation)
 
     def _gather(self, flat: torch.Tensor) -> None:
@@ -286,26 +307,39 @@ class SharedMemoryAllReduce:
             self._publish(REDUCED, generation)  # nobody reads the sums back; the flags keep the generations in step
             self._publish(DONE, generation)
 
-    def _sum_my_chunk(self, share: torch.Tensor, addends: list[torch.Tensor]) -> None:
-        """Sum my chunk of every rank's slot into `share` (my piece) and into my slot, for the peers.
+    def _sum_my_chunk(self, run: Scattered, start: int, addends: list[torch.Tensor]) -> torch.Tensor:
+        """Sum my chunk of every rank's slot into `run` from `start` and into my slot, for the peers; return
+        the sums as every rank will hold them (in my slot or in private memory, still in cache).
 
-        Compressed (a wire dtype narrower than `share`), two addends are added by the wire dtype's
+        Compressed (a wire dtype narrower than `run`'s), two addends are added by the wire dtype's
         own kernel straight into my slot: on CPU it adds in fp32 and rounds once, the same bits as
         an fp32 sum rounded, without the mixed-dtype add that is 2.5x slower. More addends are
-        accumulated in `share`'s dtype, so the sum is rounded once, not once per rank.
+        accumulated in `run`'s dtype, so the sum is rounded once, not once per rank.
         """
-        mine = addends[self.rank]
-        if mine.dtype != share.dtype and len(addends) == 2:
+        mine, count = addends[self.rank], addends[0].numel()
+        if mine.dtype != run.dtype and len(addends) == 2:
             torch.add(addends[0], addends[1], out=mine)  # elementwise: writing an input in place is safe
-            share.copy_(mine)
-            return
-        # Into private memory first: my slot still holds my addend until the sum is done.
-        torch.add(addends[0], addends[1], out=share)
+            run.write_from(start, mine)
+            return mine
+        # Into private memory first (the destination itself when it is one tensor): my slot still holds my
+        # addend until the sum is done.
+        share = run.single(start, start + count)
+        total = share if share is not None else self._scratch_of(run.dtype, count)
+        torch.add(addends[0], addends[1], out=total)
         for addend in addends[2:]:
-            share.add_(addend)
-        mine.copy_(share)
-        if mine.dtype != share.dtype:  # keep what the peers will read: the sum rounded to the wire dtype
-            share.copy_(mine)
+            total.add_(addend)
+        mine.copy_(total)
+        if mine.dtype != run.dtype:  # keep what the peers will read: the sum rounded to the wire dtype
+            total.copy_(mine)
+        if share is None:
+            run.write_from(start, total)
+        return total
+
+    def _scratch_of(self, dtype: torch.dtype, count: int) -> torch.Tensor:
+        """`count` elements of private memory in `dtype`, kept between rounds (a round is at most one slot)."""
+        if self._scratch.dtype != dtype or self._scratch.numel() < count:
+            self._scratch = torch.empty(max(count, self.slot_bytes // dtype.itemsize), dtype=dtype)
+        return self._scratch[:count]
 
     def _check_same_shape(self, wire_dtype: torch.dtype, generation: int) -> None:
         mine = self._flags[self.rank][SHAPE]
@@ -361,6 +395,25 @@ class SharedMemoryAllReduce:
                 f"rank {self.rank} waited {waited:.0f} s for rank {peer} to {stage} in shared-memory "
                 f"all-reduce round {generation}; rank {peer} is stuck, dead, or running different "
                 "code (every rank must reduce the same gradients in the same order).")
+
+
+@dataclass(frozen=True)
+class _Operation:
+    """One queued all-reduce (`output` None), all-gather (`wire_dtype` None) or reduce-scatter (into `output`)."""
+
+    run: Scattered
+    wire_dtype: torch.dtype | None
+    future: torch.futures.Future[list[torch.Tensor]]
+    output: torch.Tensor | None = None
+    divisor: int = 1
+    check_finite: bool = False
+
+
+def _all_finite(values: torch.Tensor) -> bool:
+    """Whether every element is finite. A sum is one pass that NaN and inf survive; only a sum of finite values
+    that overflows needs the exact (allocating) test, and then it decides."""
+    total = float(torch.sum(values, dtype=torch.float64 if values.dtype == torch.float64 else torch.float32))
+    return math.isfinite(total) or bool(torch.isfinite(values).all())
 
 
 def _fail(future: torch.futures.Future[list[torch.Tensor]], error: BaseException) -> None:

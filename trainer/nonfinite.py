@@ -8,6 +8,9 @@ end of each epoch, before a checkpoint is written, and when fit ends. The error 
 naming the step it came from; a checkpoint is never written after a bad step. The steps in between
 still ran (their weights are NaN anyway).
 
+Our DDP between CPU ranks of one host already knows the verdict: its transport looked at every share it
+summed (strategies/finite_verdict.py), so then the check reads nothing unless a gradient changed since.
+
 Each step costs one device op besides the gradient norm: the norm and the loss are written side by
 side into a row of a small device buffer (a few launches per step are what a compiled GPU step
 notices). The norm itself reads the strategy's flat gradient buffers when it keeps them (our DDP's
@@ -31,6 +34,8 @@ import torch
 
 _NONE = -1
 _ROWS = 256  # steps buffered on the device between folds (bounded memory when nothing reads sooner)
+# Stand-ins for the norm when the strategy already knows the verdict (its gradients are on the CPU then).
+_FINITE, _NOT_FINITE = torch.zeros(()), torch.full((), float("inf"))
 
 
 class NonFiniteWatch:
@@ -53,7 +58,11 @@ class NonFiniteWatch:
             grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
             if not grads:
                 return True
-            norm = total_norm(strategy.gradient_buffers(grads) or grads)
+            verdict = strategy.reduced_gradients_finite(grads)  # seen while they were averaged: no pass here
+            if verdict is not None:
+                norm = _FINITE if verdict else _NOT_FINITE
+            else:
+                norm = total_norm(strategy.gradient_buffers(grads) or grads)
         if policy == "skip":
             if bool(torch.isfinite(norm)):
                 return True

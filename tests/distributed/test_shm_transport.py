@@ -113,6 +113,70 @@ def test_reduce_scatter_gives_each_rank_its_chunk_of_the_all_reduce(world_size: 
         assert result["worst_against_gloo"] <= limit, result
 
 
+def _scattered_against_one_tensor(rank: int, world_size: int, directory: str) -> dict[str, Any]:
+    """A bucket's gradients where autograd left them: a list of tensors reduced as one run, divided on the way
+    in, against the same values concatenated, divided first and reduced as one tensor (the copying path), and
+    against gloo's sum of the divided values."""
+    os.environ[shm_region.SHM_DIR_ENV] = directory
+    transport = shm.connect_shared_memory(None, transport="shared_memory", timeout=timedelta(seconds=30),
+                                          slot_bytes=SLOT)
+    assert transport is not None
+    # Pieces that end inside a round, span several rounds, and straddle the chunk boundary of each rank.
+    shapes = [(1,), (17, 3), (1023,), (2, 1500), (5,), (4000,)]
+    exact_as_one_tensor, exact_as_gloo = True, True
+    for seed, wire in enumerate((None, torch.bfloat16)):
+        pieces = [_contribution(rank, int(torch.tensor(shape).prod()), torch.float32, 10 * seed + i).view(shape)
+                  for i, shape in enumerate(shapes)]
+        flat = torch.cat([piece.reshape(-1) for piece in pieces]) / world_size
+        expected = flat.to(wire) if wire is not None else flat.clone()
+        results = transport.all_reduce_async(pieces, wire, divisor=world_size).wait()
+        assert [result is piece for result, piece in zip(results, pieces)] == [True] * len(pieces)
+        transport.all_reduce_async(flat, wire).wait()
+        ours = torch.cat([piece.reshape(-1) for piece in pieces])
+        exact_as_one_tensor &= torch.equal(ours, flat)
+        dist.all_reduce(expected)  # gloo sums in the wire dtype
+        exact_as_gloo &= torch.equal(ours, expected.float())
+    transport.close()
+    return {"exact_as_one_tensor": exact_as_one_tensor, "exact_as_gloo": exact_as_gloo}
+
+
+def test_a_list_of_tensors_is_reduced_as_one_run_divided_on_the_way(tmp_path: Path) -> None:
+    for result in run_on_ranks(_scattered_against_one_tensor, 2, str(tmp_path)):
+        assert result == {"exact_as_one_tensor": True, "exact_as_gloo": True}
+
+
+def _count_nonfinite(rank: int, world_size: int, directory: str) -> list[int]:
+    """The count of non-finite shares after each of five reductions, as this rank reads it."""
+    os.environ[shm_region.SHM_DIR_ENV] = directory
+    transport = shm.connect_shared_memory(None, transport="shared_memory", timeout=timedelta(seconds=30),
+                                          slot_bytes=SLOT)
+    assert transport is not None
+    counts = []
+
+    def reduce(values: torch.Tensor, check: bool = True) -> None:
+        transport.all_reduce_async([values[:700], values[700:]], divisor=world_size, check_finite=check).wait()
+        counts.append(transport.nonfinite_rounds())
+
+    finite = _contribution(rank, 3000, torch.float32, 0)  # three rounds
+    reduce(finite.clone())
+    nan_on_rank_1 = finite.clone()
+    if rank == 1:
+        nan_on_rank_1[2500] = float("nan")  # in the third round, in rank 1's addend only
+    reduce(nan_on_rank_1)
+    reduce(nan_on_rank_1.clone(), check=False)  # not asked: not counted
+    huge = torch.full((3000,), 3e38)  # each mean is finite; a plain sum of a share overflows
+    reduce(huge)
+    reduce(huge * 4)  # 3e38 * 4 is inf on every rank
+    transport.close()
+    return counts
+
+
+def test_ranks_count_the_same_nonfinite_rounds(tmp_path: Path) -> None:
+    counts = run_on_ranks(_count_nonfinite, 2, str(tmp_path))
+    # The last reduction: 3 rounds x 2 ranks' shares, all infinite. Only "did it grow" matters to the reducer.
+    assert counts[0] == counts[1] == [0, 1, 1, 1, 7], counts
+
+
 def _connect(rank: int, world_size: int, transport: str, directory: str, split_hosts: bool) -> str | None:
     os.environ[shm_region.SHM_DIR_ENV] = directory
     if split_hosts:

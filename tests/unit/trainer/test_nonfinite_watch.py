@@ -103,7 +103,8 @@ def test_a_step_costs_the_norm_and_one_write_with_no_host_read() -> None:
     for param in params:
         param.grad = torch.randn_like(param)
     optimizer = SimpleNamespace(param_groups=[{"params": params}])
-    strategy = SimpleNamespace(gradient_buffers=lambda grads: None, gradient_norm=lambda optimizer: None)
+    strategy = SimpleNamespace(gradient_buffers=lambda grads: None, gradient_norm=lambda optimizer: None,
+                                   reduced_gradients_finite=lambda grads: None)
     watch, loss = NonFiniteWatch(), torch.tensor(0.5)
     watch.usable(strategy, optimizer, loss, policy="error", scaled=False, step=0, epoch=0)  # buffers made here
     mode = _CountOps()
