@@ -119,3 +119,13 @@ def test_report_ratios_targets_and_rendering(tmp_path: Path) -> None:
     report.regenerate(tmp_path / "results.json", tmp_path / "section.md")
     assert (tmp_path / "results.png").exists() and (tmp_path / "sweep.png").exists()
     assert "### Targets" in (tmp_path / "section.md").read_text()
+
+
+@pytest.mark.timeout(120)
+def test_reducer_ab_times_both_data_paths() -> None:
+    """benchmarks/reducer_ab.py switches the reducer's private mode flags: it must still run both paths."""
+    command = [sys.executable, "-m", "benchmarks.reducer_ab", "--workload", "gpt_host", "--blocks", "2",
+               "--block-steps", "1"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=110)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "gpt_host: rank 0 median step, in place" in done.stdout and "copy / in place = " in done.stdout
