@@ -16,6 +16,7 @@ from torch import nn
 
 from strategies.autotune import AUTO, CapTuning, first_pass_cap_mb
 from strategies.comm_hooks import CommHook, resolve_comm_hook
+from strategies.cpu_memory import keep_freed_memory
 from strategies.shm_transport import check_transport
 
 if TYPE_CHECKING:
@@ -63,6 +64,8 @@ class ReducerOptions:
                               gradient_as_bucket_view=self.gradient_as_bucket_view, comm_hook=self.comm_hook,
                               find_unused_parameters=self.find_unused_parameters, transport=self.transport,
                               timeout=timeout, zero_stage=self.zero_stage)
+        if reducer.world_size > 1 and all(param.device.type == "cpu" for param in reducer.parameters):
+            keep_freed_memory()  # a CPU rank: each step's freed blocks are reused, not faulted in again
         return reducer, CapTuning.attach(reducer, self.bucket_cap_mb, adopted_mb=adopted_mb)
 
     def graph_split_caps(self, adopted_mb: float | None = None) -> tuple[float, float]:
