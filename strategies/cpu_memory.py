@@ -4,9 +4,9 @@ Why: a training step frees and allocates the same large blocks every time (the g
 `zero_grad(set_to_none=True)`, the activations after backward). glibc gives such blocks back to the kernel at
 once: a block at or above its mmap threshold (128 KiB, adapting up to 32 MiB) is unmapped when freed, and free
 memory at the top of the heap beyond its trim threshold is released. Using it again next step costs a page fault
-and a freshly zeroed page per 4 KiB: on the project's 2-core CPU the 8.4M-parameter mlp took ~5,000 faults
-(20 MiB) a step in the plain loop and spent up to a quarter of its step in the kernel for them. With both
-thresholds raised, freed blocks stay in the process and are reused: no fault a step. torch's own CPU launcher
+and a freshly zeroed page per 4 KiB: on the project's 2-core CPU rank 0 of a 2-rank fit of the benchmark CNN
+took ~1,900 faults and 10 ms of kernel time a step (a plain loop of the 8.4M-parameter mlp ~5,000 faults).
+With both thresholds raised, freed blocks stay in the process and are reused: 39 faults and 1.8 ms. torch's own CPU launcher
 (`python -m torch.backends.xeon.run_cpu`) does the same with jemalloc and decay times of days.
 
 What it costs: memory the process frees stays resident until it exits (the peak of a step stays resident, as it
