@@ -1,0 +1,64 @@
+"""Review of #37 (gradients averaged where autograd left them): cases the in-place path must still get right.
+
+Each case runs on two real gloo ranks, compared bit for bit with torch DDP on the same per-rank batches.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from strategies.reducer import GradReducer
+from tests.helpers.reducer_models import max_abs_diff
+from tests.helpers.spawn import run_on_ranks
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class AliasNet(nn.Module):
+    """`h + p.view_as(h)`: backward hands the add's gradient to both branches, and the view's backward gives
+    `p` a gradient that is a reshape of that very tensor (autograd steals it: one reference to it), so `p.grad`
+    shares memory with the gradient the linear layer's backward still has to read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(8, 8)
+        self.p = nn.Parameter(torch.randn(32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear(x)
+        if h.requires_grad:  # the linear branch runs a little later than p's hook (as a longer branch would)
+            h.register_hook(lambda grad: (time.sleep(0.3), grad)[1])
+        return h + self.p.view_as(h)
+
+
+def _alias_case(rank: int, world_size: int) -> float:
+    ours, reference = AliasNet(), AliasNet()
+    reducer = GradReducer(ours, bucket_cap_mb=1e-6, first_bucket_cap_mb=1e-6)  # one parameter per bucket
+    ddp = DistributedDataParallel(reference)
+    worst = 0.0
+    for step in range(2):
+        generator = torch.Generator().manual_seed(10 * step + rank)
+        x = torch.randn(4, 8, generator=generator)
+        for model in (ours, reference):
+            model.zero_grad()
+        loss = (ours(x) ** 2).sum()
+        reducer.prepare_for_backward(loss)
+        loss.backward()
+        reducer.finish_backward()
+        (ddp(x) ** 2).sum().backward()
+        worst = max(worst, max_abs_diff([p.grad for p in ours.parameters()], [p.grad for p in reference.parameters()]))
+    reducer.remove()
+    return worst
+
+
+def test_a_gradient_sharing_memory_with_one_backward_still_reads_is_not_written_during_backward() -> None:
+    assert run_on_ranks(_alias_case, 2) == [0.0, 0.0]
