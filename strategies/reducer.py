@@ -40,7 +40,7 @@ from torch import nn
 
 from strategies.bucket_order import BucketOrder
 from strategies.buckets import BucketLayout, trainable_parameters
-from strategies.comm_hooks import CommHook, CommHookState, accepts_prescaled, resolve_comm_hook
+from strategies.comm_hooks import CommHook, CommHookState, accepts_prescaled, prescales, resolve_comm_hook
 from strategies.finite_verdict import FiniteVerdict
 from strategies.graph import launch_used_map, reachable_parameter_ids
 from strategies.hang_guard import LEDGER
@@ -73,7 +73,7 @@ class GradReducer:
         self._params = trainable_parameters(module)
         # A built-in hook may receive buckets already divided by the world size (see _absorb_grad).
         self._state = CommHookState.connect(process_group, self._params, transport=transport, timeout=timeout,
-                                            prescale=accepts_prescaled(self._hook))
+                                            prescale=prescales(self._hook))
         self.process_group, self.world_size = process_group, self._state.world_size
         self.zero_stage = zero_stage  # > 0: buckets padded to whole shards and kept as first planned
         # Between CPU ranks of one host a built-in hook reduces each gradient where autograd left it, and the
