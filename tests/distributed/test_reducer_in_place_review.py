@@ -5,6 +5,7 @@ Each case runs on two real gloo ranks, compared bit for bit with torch DDP on th
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from typing import Any
@@ -90,3 +91,54 @@ def _tiny_fp16_case(rank: int, world_size: int, reducer_options: dict[str, Any])
 @pytest.mark.parametrize("reducer_options", [{}, {"transport": "process_group"}], ids=["shared_memory", "gloo"])
 def test_the_fp16_hook_matches_torchs_bits_on_subnormal_gradients(reducer_options: dict[str, Any]) -> None:
     assert run_on_ranks(_tiny_fp16_case, 2, reducer_options) == [0.0, 0.0]
+
+
+class MixedNet(nn.Module):
+    """fp32 and fp64 parameters (a bucket each), an empty parameter, and two gradients that are disjoint views
+    of one tensor (the backward of a `cat` of parameters hands each its slice)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(8, 8)
+        self.scale = nn.Parameter(torch.rand(8, dtype=torch.float64) + 0.5)
+        self.empty = nn.Parameter(torch.zeros(0))
+        self.left, self.right = nn.Parameter(torch.randn(4)), nn.Parameter(torch.randn(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = (self.linear(x).double() * self.scale).float()
+        return h * torch.cat([self.left, self.right]) + self.empty.sum()
+
+
+def _mixed_case(rank: int, world_size: int, as_view: bool, set_to_none: bool) -> float:
+    ours, reference = MixedNet(), MixedNet()
+    reducer = GradReducer(ours, gradient_as_bucket_view=as_view, bucket_cap_mb=1e-6, first_bucket_cap_mb=1e-6)
+    ddp = DistributedDataParallel(reference, gradient_as_bucket_view=as_view)
+    optimizers = [torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) for model in (ours, ddp)]
+    worst = 0.0
+    for step in range(4):  # the buckets are rebuilt after the first
+        generator = torch.Generator().manual_seed(10 * step + rank)
+        x = torch.randn(4, 8, generator=generator)
+        for optimizer in optimizers:
+            optimizer.zero_grad(set_to_none=set_to_none)
+        for micro in range(2):  # the first accumulates locally
+            context = reducer.no_sync() if micro == 0 else contextlib.nullcontext()
+            with context:
+                loss = (ours(x + micro) ** 2).mean()
+                reducer.prepare_for_backward(loss)
+                loss.backward()
+                reducer.finish_backward()
+            with ddp.no_sync() if micro == 0 else contextlib.nullcontext():
+                (ddp(x + micro) ** 2).mean().backward()
+        worst = max(worst, max_abs_diff([p.grad for p in ours.parameters()], [p.grad for p in ddp.parameters()]))
+        for optimizer in optimizers:
+            optimizer.step()
+    worst = max(worst, max_abs_diff(list(ours.parameters()), list(reference.parameters())))
+    reducer.remove()
+    return worst
+
+
+@pytest.mark.parametrize("as_view", [True, False])
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_mixed_dtypes_empty_and_sliced_gradients_match_torch_ddp(as_view: bool, set_to_none: bool) -> None:
+    assert run_on_ranks(_mixed_case, 2, as_view, set_to_none) == [0.0, 0.0]
