@@ -11,7 +11,7 @@ calls `torch.distributed` itself always uses the process group.
 
 Division happens *before* the sum, as in torch's default hooks: it keeps the summed values in
 the range of the gradients themselves, which matters most for the fp16 hook. For the built-in
-hooks the reducer divides while copying gradients into the bucket (`state.prescaled`), which
+mean hook the reducer divides while copying gradients into the bucket (`state.prescaled`), which
 saves the hook a pass over the buffer; a custom hook always receives the undivided gradients.
 Between CPU ranks of one host the built-in hooks get the gradients where autograd left them
 (`bucket.in_place()`): the shared-memory transport divides them while copying them into its slots,
@@ -36,7 +36,7 @@ class CommHookState:
     """What the built-in hooks need: the group to reduce over, its size, the same-host
     shared-memory transport when `connect` could set one up (strategies/shm_transport.py), and
     whether the reducer already divided every bucket by the world size (`prescaled`, only ever
-    True for the hooks `accepts_prescaled` names), so averaging must not divide again."""
+    True for the hook `prescales` names), so averaging must not divide again."""
 
     process_group: dist.ProcessGroup | None
     world_size: int
@@ -49,7 +49,7 @@ class CommHookState:
         """The state a reducer of `params` hands its hook; a collective when there are several ranks.
 
         `prescale`: the hook accepts buckets already divided by the world size (see
-        `accepts_prescaled`); it only takes effect where there is more than one rank.
+        `prescales`); it only takes effect where there is more than one rank.
         """
         check_transport(transport)
         world_size = _group_size(process_group)
@@ -173,8 +173,7 @@ def _compressed_mean(dtype: torch.dtype) -> CommHook:
             # no separate compress/decompress passes. Sums are rounded like gloo's at 2 ranks.
             return _mean_in_place(state, bucket, wire_dtype=dtype)
         # One reused low-precision buffer per bucket: a fresh one every step cost an allocation
-        # and a page fault per 4 KiB. A prescaled bucket is converted as is (one pass instead of
-        # two); for a power-of-two world size, x / n rounded equals x rounded, then / n.
+        # and a page fault per 4 KiB. Rounded first, then divided, as torch's hooks (see `prescales`).
         compressed = bucket.scratch(dtype)
         compressed.copy_(buffer)
         if not state.prescaled:
@@ -205,10 +204,18 @@ COMM_HOOKS: dict[str, CommHook] = {
 
 
 def accepts_prescaled(hook: CommHook) -> bool:
-    """Whether the reducer may divide by the world size while copying gradients in (one pass over
-    the gradient instead of two): only for the built-in hooks, which know to read `state.prescaled`.
+    """Whether `hook` is a built-in one, which knows to read `state.prescaled` and `bucket.in_place()` (the
+    reducer then may hand it the gradients where autograd left them, or divided on the way in: `prescales`).
     Compared by identity, so a custom callable need not be hashable."""
     return any(hook is builtin for builtin in COMM_HOOKS.values())
+
+
+def prescales(hook: CommHook) -> bool:
+    """Whether the reducer divides while copying gradients into the buckets for `hook` (`state.prescaled`):
+    for the built-in full-precision mean. A compressed hook divides after rounding to its wire dtype, as
+    torch's do: dividing first rounds once instead of twice, other bits for fp16 values below 6e-5 (subnormal)
+    or a world size that is no power of two."""
+    return hook is allreduce_mean
 
 
 def resolve_comm_hook(hook: str | CommHook | None) -> CommHook:

@@ -36,10 +36,15 @@ class FiniteVerdict:
         self._covered = {}
 
     def finite(self, grads: Iterable[torch.Tensor]) -> bool | None:
-        """The verdict when it covers every one of `grads` unchanged since the pass, else None."""
-        covered = self._covered
+        """The verdict when it covers every one of `grads` unchanged since the pass, else None. "Not finite" is
+        said of the pass, not of a tensor: it is given only for all the tensors it covers, and a part of them
+        (an optimizer that does not hold every parameter) gets None, and the check reads them."""
+        covered, asked = self._covered, set()
         for grad in grads:
             entry = covered.get(id(grad))
             if entry is None or entry[0]() is not grad or grad._version != entry[1]:
                 return None
-        return self._finite if covered else None
+            asked.add(id(grad))
+        if not covered:
+            return None
+        return True if self._finite else (False if len(asked) == len(covered) else None)

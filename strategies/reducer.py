@@ -40,7 +40,7 @@ from torch import nn
 
 from strategies.bucket_order import BucketOrder
 from strategies.buckets import BucketLayout, trainable_parameters
-from strategies.comm_hooks import CommHook, CommHookState, accepts_prescaled, resolve_comm_hook
+from strategies.comm_hooks import CommHook, CommHookState, accepts_prescaled, prescales, resolve_comm_hook
 from strategies.finite_verdict import FiniteVerdict
 from strategies.graph import launch_used_map, reachable_parameter_ids
 from strategies.hang_guard import LEDGER
@@ -73,7 +73,7 @@ class GradReducer:
         self._params = trainable_parameters(module)
         # A built-in hook may receive buckets already divided by the world size (see _absorb_grad).
         self._state = CommHookState.connect(process_group, self._params, transport=transport, timeout=timeout,
-                                            prescale=accepts_prescaled(self._hook))
+                                            prescale=prescales(self._hook))
         self.process_group, self.world_size = process_group, self._state.world_size
         self.zero_stage = zero_stage  # > 0: buckets padded to whole shards and kept as first planned
         # Between CPU ranks of one host a built-in hook reduces each gradient where autograd left it, and the
@@ -232,6 +232,9 @@ class GradReducer:
         self._scaled = [False] * len(self._params)  # slot already divided by the world size this pass
         self._pending = [len(indexes) for indexes in self._layout.plan]  # params of each bucket not ready yet
         self._arrived: list[list[int]] = [[] for _ in self._layout.plan]  # fresh grads not yet in their slots
+        # In place: the `.grad` each parameter's bucket hands the transport as it is (None: its slot holds it),
+        # decided once when the gradient was taken, so the slot handed over is always one that was written.
+        self._left: list[torch.Tensor | None] = [None] * len(self._params)
         self._futures: list[torch.futures.Future[torch.Tensor] | None] = [None] * len(self._layout.plan)
         self._next_bucket = 0  # every bucket before it is launched
         self._ready_order: list[int] = []
@@ -266,6 +269,7 @@ class GradReducer:
         marked unused up front but may still receive a gradient in this backward (a reentrant checkpoint
         hides parameters from the graph walk), so a fresh one waits for its bucket like on an accelerator."""
         grad, view = self._params[index].grad, self._layout.views[index]
+        self._left[index] = None
         if grad is None:
             view.zero_()
             self._scaled[index] = True  # zero divided is zero
@@ -275,7 +279,8 @@ class GradReducer:
                                "use dense gradients (e.g. nn.Embedding(sparse=False)).")
         if grad is not view and grad.data_ptr() != view.data_ptr():  # a fresh .grad (set_to_none=True)
             if self._in_place and _reducible_where_it_is(grad, view):
-                return  # the bucket's launch hands it to the transport as it is (see _gradients_of)
+                self._left[index] = grad  # the bucket's launch hands it to the transport as it is (_gradients_of)
+                return
             bucket_index = self._layout.bucket_of[index]
             arrived = self._arrived[bucket_index]
             if (more_may_come or self._layout.batched_copies[bucket_index]) and not self._ready[index]:
@@ -317,13 +322,9 @@ class GradReducer:
 
     def _gradients_of(self, bucket_index: int) -> list[torch.Tensor]:
         """Where each gradient of the bucket is now: its own `.grad` when `_absorb_grad` left it there, else
-        its slot (zeros for a missing gradient, or a `.grad` that already is the slot)."""
-        gradients = []
-        for index in self._layout.plan[bucket_index]:
-            grad, view = self._params[index].grad, self._layout.views[index]
-            fresh = grad is not None and grad is not view and grad.data_ptr() != view.data_ptr()
-            gradients.append(grad if grad is not None and fresh and _reducible_where_it_is(grad, view) else view)
-        return gradients
+        its slot (zeros for a missing gradient, a copy, or a `.grad` that already is the slot)."""
+        return [left if (left := self._left[index]) is not None else self._layout.views[index]
+                for index in self._layout.plan[bucket_index]]
 
     def _on_backward_end(self) -> None:
         self._telemetry.end_backward()
@@ -365,6 +366,18 @@ class GradReducer:
 
 def _reducible_where_it_is(grad: torch.Tensor, slot: torch.Tensor) -> bool:
     """Whether the transport can read and write `grad` as it is: dense, contiguous, the slot's dtype (a
-    channels-last or otherwise strided gradient is copied into its slot instead)."""
-    return grad.is_contiguous() and grad.dtype == slot.dtype and grad.layout == torch.strided
+    channels-last or otherwise strided gradient is copied into its slot instead), and the only tensor on its
+    memory. Autograd may make `.grad` the very gradient a backward op produced when nothing else references
+    that tensor, even when it is a view of one another branch of the same backward still has to read (the
+    gradient of `h + p.view_as(h)` is one tensor for both terms): the transport writes the means while
+    backward runs, so such a gradient, or two gradients on one memory, is copied into its slot instead."""
+    return (grad.is_contiguous() and grad.dtype == slot.dtype and grad.layout == torch.strided
+            and _sole_owner(grad))
+
+
+def _sole_owner(tensor: torch.Tensor) -> bool:
+    """Whether no other tensor (a view, an alias made by an op's backward) shares `tensor`'s memory. The storage's
+    holders are counted: `tensor` itself and the storage object held here for the count."""
+    storage = tensor.untyped_storage()
+    return torch._C._storage_Use_Count(storage._cdata) <= 2
 

@@ -57,11 +57,12 @@ def failed_alike(error: BaseException, failure: WorkerFailedError) -> bool:
     """Whether rank 0 raised, on its own, the very exception the worker did (type and message: a check every
     rank makes at the same point, as the non-finite check does). Then rank 0's own exception is what the caller
     gets, whichever rank was a moment sooner, as under Lightning's launcher, where the main process's own
-    error is what the script sees."""
-    if failure.traceback is None or isinstance(error, StageInterrupted):
+    error is what the script sees. A lost peer is no such check: the same "connection closed" on two ranks is
+    the symptom of a third rank's death, which stays a worker failure (`max_restarts` restarts those)."""
+    if failure.traceback is None or peer_connection_error(error):  # also StageInterrupted
         return False
     own = "".join(traceback.format_exception_only(error)).rstrip()
-    return bool(own) and failure.traceback.rstrip().endswith(own)
+    return bool(own) and ("\n" + failure.traceback.rstrip()).endswith("\n" + own)  # whole lines only
 
 
 def first_failure(exit_codes: dict[int, int], failures_dir: Path) -> WorkerFailedError:

@@ -28,3 +28,22 @@ def test_a_different_error_or_an_interrupted_stage_is_the_workers_failure() -> N
     assert not failed_alike(ValueError("step 3, epoch 0: gradients are NaN/inf"), worker)
     assert not failed_alike(StageInterrupted(), worker)
     assert not failed_alike(FloatingPointError("x"), WorkerFailedError(1, "killed by SIGKILL", traceback=None))
+
+
+class NotAValueError(Exception):
+    """Another type whose name ends like a builtin's."""
+
+
+def test_only_the_whole_last_line_matches() -> None:
+    worker = _as_a_worker_reports(NotAValueError("bad batch"))
+    assert not failed_alike(ValueError("bad batch"), worker)
+
+
+def test_a_peer_gone_error_on_every_rank_stays_the_workers_failure() -> None:
+    # Rank 2 died: rank 0 and rank 1 both lose their connection to it, with the same text (the address is
+    # rank 2's). That is no check failing alike on every rank but the symptom of a death: it must stay a
+    # WorkerFailedError, which `max_restarts` restarts, not become rank 0's own error, which ends the fit.
+    gone = "[../third_party/gloo/gloo/transport/tcp/pair.cc:538] Connection closed by peer [127.0.0.1]:40123"
+    worker = _as_a_worker_reports(RuntimeError(gone))
+    assert not failed_alike(RuntimeError(gone), worker)
+    assert not failed_alike(ConnectionResetError("reset"), _as_a_worker_reports(ConnectionResetError("reset")))
