@@ -389,9 +389,13 @@ def record_failure(error: BaseException) -> None:
 
 def write_failure_stamp(failures_dir: Path, text: str, rank: int | None = None) -> None:
     """One rank's failure with a precise time: the peers' errors it causes come later, so the
-    first stamp of a rank is kept (a later error of the same rank is a consequence)."""
+    first stamp of a rank is kept (a later error of the same rank is a consequence). The stamp appears
+    whole or not at all (written aside, then renamed): rank 0 reads the stamps as soon as one `*.json`
+    exists and kills the workers, so a stamp written in place could be read, or left, empty."""
     path = Path(failures_dir, f"{os.environ.get('RANK', '0') if rank is None else rank}.json")
     if path.exists():
         return
     stamp = {"time_ns": time.time_ns(), "traceback": text}
-    path.write_text(json.dumps(stamp))
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+    partial.write_text(json.dumps(stamp))
+    os.replace(partial, path)

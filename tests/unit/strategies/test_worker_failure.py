@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import traceback
+from pathlib import Path
 
-from strategies.worker_failure import StageInterrupted, WorkerFailedError, failed_alike
+import pytest
+
+from strategies import hang_guard
+from strategies.hang_guard import write_failure_stamp
+from strategies.worker_failure import StageInterrupted, WorkerFailedError, failed_alike, first_failure
 
 
 def _as_a_worker_reports(error: BaseException) -> WorkerFailedError:
@@ -47,3 +52,21 @@ def test_a_peer_gone_error_on_every_rank_stays_the_workers_failure() -> None:
     worker = _as_a_worker_reports(RuntimeError(gone))
     assert not failed_alike(RuntimeError(gone), worker)
     assert not failed_alike(ConnectionResetError("reset"), _as_a_worker_reports(ConnectionResetError("reset")))
+
+
+def test_a_stamp_is_never_seen_half_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0 reads the stamps once one `*.json` exists and kills the workers then: a worker killed while
+    writing its stamp must leave none, not an empty one (json.loads of it raised JSONDecodeError in place of
+    the failure, seen in Lightning's test_trainer_spike_detection_integration[1-2--inf-False])."""
+
+    def killed_before_the_rename(*_args: object) -> None:
+        raise KeyboardInterrupt  # stands for the SIGKILL
+
+    monkeypatch.setattr(hang_guard.os, "replace", killed_before_the_rename)
+    with pytest.raises(KeyboardInterrupt):
+        write_failure_stamp(tmp_path, "Traceback ...\nFloatingPointError: step 4", rank=1)
+    assert list(tmp_path.glob("*.json")) == []
+    monkeypatch.undo()
+    write_failure_stamp(tmp_path, "Traceback ...\nFloatingPointError: step 4", rank=1)
+    failure = first_failure({}, tmp_path)
+    assert failure.rank == 1 and failure.traceback == "Traceback ...\nFloatingPointError: step 4"
