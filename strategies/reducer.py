@@ -377,7 +377,12 @@ def _reducible_where_it_is(grad: torch.Tensor, slot: torch.Tensor) -> bool:
 
 def _sole_owner(tensor: torch.Tensor) -> bool:
     """Whether no other tensor (a view, an alias made by an op's backward) shares `tensor`'s memory. The storage's
-    holders are counted: `tensor` itself and the storage object held here for the count."""
-    storage = tensor.untyped_storage()
-    return torch._C._storage_Use_Count(storage._cdata) <= 2
+    holders are counted: `tensor` itself and the storage object held here for the count. A torch without the
+    (private) counter gets the copy, which is always safe."""
+    if _STORAGE_USE_COUNT is None:
+        return False
+    return _STORAGE_USE_COUNT(tensor.untyped_storage()._cdata) <= 2
+
+
+_STORAGE_USE_COUNT: Callable[[int], int] | None = getattr(torch._C, "_storage_Use_Count", None)
 

@@ -23,6 +23,10 @@ from strategies.worker_failure import (EXIT_CODE_WAIT_S, StageInterrupted, Worke
 # Sent to the launching process's main thread when its stage must stop: it ignores it by default,
 # and Python programs have no other use for it.
 _WAKE_SIGNAL = signal.SIGURG
+# How long a worker's failure waits for rank 0's own code to end before interrupting it: ranks that make
+# the same check at the same point (the non-finite check) fail together, and rank 0's own exception is
+# what the caller should get (worker_failure.failed_alike), not an interruption a moment before it.
+_OWN_END_GRACE_S = 0.5
 
 
 class StageWatch:
@@ -40,6 +44,7 @@ class StageWatch:
         self._lock = threading.Lock()
         self._armed = True  # the stage's own code still runs: a failure interrupts it
         self._interrupted = False  # an interruption was sent to the stage's thread
+        self._ended = threading.Event()  # the stage's own code has ended (`disarm`)
         self._thread = threading.Thread(target=self._watch, name="ddp-trainer-stage-watch", daemon=True)
         self._in_main_thread = threading.current_thread() is threading.main_thread()
         self._previous_handler: Any = None
@@ -53,6 +58,7 @@ class StageWatch:
         """The stage's own code has ended: no interruption may reach the code that follows it."""
         with self._lock:
             self._armed = False
+            self._ended.set()
             if self._interrupted:
                 _absorb_interruption(self._stage_thread)
         if self._in_main_thread:
@@ -89,7 +95,9 @@ class StageWatch:
             self._collect_answers()
         except _WorkerDied as died:
             if not self.closing:
-                self.fail(self._failure_of(died.rank))
+                failure = self._failure_of(died.rank)
+                self._ended.wait(_OWN_END_GRACE_S)  # rank 0 failing the same check is a moment behind
+                self.fail(failure)
         except Exception as error:  # noqa: BLE001 - reported as the stage's failure, never lost
             if not self.closing:
                 self.fail(WorkerFailedError(0, f"watching the workers failed: {error!r}"))

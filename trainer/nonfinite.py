@@ -9,7 +9,9 @@ naming the step it came from; a checkpoint is never written after a bad step. Th
 still ran (their weights are NaN anyway).
 
 Our DDP between CPU ranks of one host already knows the verdict: its transport looked at every share it
-summed (strategies/finite_verdict.py), so then the check reads nothing unless a gradient changed since.
+summed (strategies/finite_verdict.py), so then the check reads nothing unless a gradient changed since. A
+write that autograd's version counter does not see (through `.data`, or numpy) goes unseen at its step; the
+next step's reduction carries it and is named instead.
 
 Each step costs one device op besides the gradient norm: the norm and the loss are written side by
 side into a row of a small device buffer (a few launches per step are what a compiled GPU step
