@@ -156,7 +156,12 @@ def _mean_in_place(state: CommHookState, bucket: GradBucket,
         # Resolves to the buffer, so nothing is copied.
         summed = state.shared_memory.all_reduce_async(gradients, wire_dtype, divisor=state.world_size,
                                                       check_finite=True)
-        return summed.then(lambda fut: (fut.value(), bucket.buffer())[1])
+
+        def the_buffer(done: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+            done.value()  # raises the transport's error, if any
+            return bucket.buffer()
+
+        return summed.then(the_buffer)
     buffer = bucket.buffer()
     if not state.prescaled:
         buffer.div_(state.world_size)

@@ -343,7 +343,8 @@ class GradReducer:
             results = [self._telemetry.wait(future) for future in self._futures if future is not None]
             used = used_future.wait()[0].tolist() if used_future is not None else None
             step = self._telemetry.end_step()
-            averaged = [bucket.in_place() or [] for bucket in self._layout.buckets]
+            # Taken before write_back, which forgets them: the tensors this pass averaged in place.
+            averaged = [bucket.in_place() or [] for bucket in self._layout.buckets] if self._in_place else []
             self._layout.write_back(self._params, results, used, as_view=self._as_view)
             if self._in_place and self._state.shared_memory is not None:
                 self._settle_verdict(self._state.shared_memory.nonfinite_rounds(), averaged)
