@@ -83,6 +83,11 @@ class Probe:
         (self.out / f"rank{rank}.json").write_text(json.dumps(record))
 
 
+def throughput(record: dict, ranks: int) -> float:
+    """Samples per second of the whole job, from rank 0's record (every rank trains the same batch size)."""
+    return record["measured_steps"] * record["batch_size"] * ranks / record["measured_s"]
+
+
 def _wait_for_the_gpu() -> None:
     """CUDA queues work ahead of the host, so a host clock read after `optimizer.step()` returns can
     precede the step's kernels. Synchronising at the two ends of the measured interval only (never

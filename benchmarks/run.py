@@ -29,6 +29,7 @@ from typing import Any
 from benchmarks import report
 from benchmarks.code_roots import packages_of
 from benchmarks.contenders import ALL_CONTENDERS, BASELINE, CONTENDERS, Contender
+from benchmarks.probe import throughput
 from benchmarks.workloads import DEFAULT_WORKLOADS, WORKLOADS
 
 RESULTS = Path(__file__).parent / "results"
@@ -158,8 +159,7 @@ def run_contender(contender: Contender, workload: str, warmup: int, steps: int, 
         run["error"] = (done.stderr or done.stdout)[-3000:]
         return run
     rank0 = min(records, key=lambda record: record["rank"])
-    batch = rank0["batch_size"]  # what the contender trained on (--batch-size reached it, or not)
-    run.update(samples_per_s=rank0["measured_steps"] * batch * ranks / rank0["measured_s"],
+    run.update(samples_per_s=throughput(rank0, ranks),  # by the batch the contender trained on
                launch_to_first_step_s=rank0["launch_to_first_step_s"],
                peak_rss_mib=max(record["peak_rss_mib"] for record in records),
                final_loss=rank0["final_loss"], reducer=rank0.get("reducer"), telemetry=rank0.get("telemetry"))

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
+
 from benchmarks.contenders.data import loader, workload
 from benchmarks.contenders.lightning_parts import fit
 from benchmarks.probe import Probe, parse_args
 
 
-def main() -> None:
-    args = parse_args()
+def main(args: argparse.Namespace | None = None) -> None:
+    args = parse_args() if args is None else args
     from strategies.lightning import LightningDDPStrategy
 
     probe, work = Probe(args), workload(args)

@@ -30,6 +30,12 @@ def worker(rank: int, args: argparse.Namespace, port: int) -> None:
     device = device_for(args, local_rank=rank)
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.devices)
+    train(args, rank, device)
+    dist.destroy_process_group()
+
+
+def train(args: argparse.Namespace, rank: int, device: torch.device) -> None:
+    """One fit in this rank, in the process group that is already up (also run by benchmarks.loop_ab)."""
     probe, work = Probe(args), workload(args)
     model = DistributedDataParallel(work.model().to(device), device_ids=[rank] if device.type == "cuda" else None)
     if args.compile:  # torch's recipe: compile the DDP module, whose graph dynamo splits at DDP's buckets
@@ -39,7 +45,6 @@ def worker(rank: int, args: argparse.Namespace, port: int) -> None:
     data = torch.utils.data.DataLoader(data.dataset, batch_size=work.batch_size, drop_last=True,
                                        sampler=DistributedSampler(data.dataset, shuffle=True, seed=SEED))
     train_raw(model, optimizer, data, probe, rank, args, device)
-    dist.destroy_process_group()
 
 
 def main() -> None:

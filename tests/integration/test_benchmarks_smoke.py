@@ -129,3 +129,35 @@ def test_reducer_ab_times_both_data_paths() -> None:
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=110)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "gpt_host: rank 0 median step, in place" in done.stdout and "copy / in place = " in done.stdout
+
+
+@pytest.mark.timeout(240)
+def test_loop_ab_fits_every_contender_in_the_same_two_ranks(tmp_path: Path) -> None:
+    """benchmarks/loop_ab.py: both Trainers and torch DDP take turns in one pair of ranks, paired by round."""
+    contenders = "ours,pl_ours,torch_ddp,ours:telemetry=off"
+    command = [sys.executable, "-m", "benchmarks.loop_ab", "--workload", "gpt_host", "--rounds", "2", "--warmup", "1",
+               "--steps", "2", "--contenders", contenders, "--out", str(tmp_path)]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=230)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "results.json").read_text())
+    samples = result["samples_per_s"]
+    assert list(samples) == contenders.split(",")
+    assert all(len(rounds) == 2 and all(value > 0 for value in rounds) for rounds in samples.values())
+    ratio = result["ours / pl_ours"]
+    assert ratio["rounds"] == pytest.approx([a / b for a, b in zip(samples["ours"], samples["pl_ours"])])
+    assert ratio["min"] <= ratio["median"] <= ratio["max"]
+    assert "ours / torch_ddp = " in done.stdout and "ours / ours:telemetry=off = " in done.stdout
+
+
+@pytest.mark.parametrize("contenders, problem", [
+    ("ours,plain", "unknown"), ("ours,ours", "distinct"), ("pl_ours:telemetry=off", "only ours takes an option"),
+    ("ours:speed=2", "only ours takes an option"), ("ours:telemetry", "only ours takes an option")])
+def test_loop_ab_names_a_contender_it_cannot_run(contenders: str, problem: str,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import loop_ab
+
+    with pytest.raises(SystemExit) as raised:
+        loop_ab.parse_options(["--contenders", contenders])
+    assert raised.value.code == 2
+    error = capsys.readouterr().err
+    assert "--contenders" in error and problem in error
