@@ -11,9 +11,10 @@ How: every rank owns one region of a single file in /dev/shm, mapped by all rank
 `[flags page | data slot]`. A tensor is reduced in rounds of at most one slot; one round is
 
   1. wait until every peer finished reading my slot in the previous round (its DONE flag),
-  2. copy my piece into my slot, publish READY,
-  3. when all are READY, sum my share of the piece (chunk `rank`) over every slot, in rank order,
-     into my slot and my piece; publish REDUCED,
+  2. copy my piece into my slot (all but my own chunk of it, which only I read, when I can read it from the
+     piece itself), publish READY,
+  3. when all are READY, sum my share of the piece (chunk `rank`) over every rank, in rank order,
+     into my piece and my slot; publish REDUCED,
   4. when all have REDUCED, copy every other chunk from its owner's slot; publish DONE.
 
 Every chunk is summed by exactly one rank, so all ranks end with bit-identical values.
@@ -66,6 +67,7 @@ _LONGEST_PAUSE_S = 1e-3  # the longest sleep between two looks at a peer's flag
 _DTYPE_CODES = {dtype: code for code, dtype in enumerate(
     (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.uint8,
      torch.int8, torch.int16, torch.complex64, torch.complex128), start=1)}
+_FUSED_DTYPES = (torch.float32, torch.float64)  # where addcdiv rounds each step as a division and a sum do
 _GATHER_CODE = 32  # added to a gather round's SHAPE word (dtype codes stay below it)
 _SCATTER_CODE = 16  # added to a reduce-scatter round's SHAPE word
 _log = logging.getLogger(__name__)
@@ -108,6 +110,7 @@ class SharedMemoryAllReduce:
         self._failure: BaseException | None = None
         self._queue: queue.SimpleQueue[_Operation | None] = queue.SimpleQueue()
         self._scratch = torch.empty(0)  # where my chunk of a round is summed when it spans several tensors
+        self._divide_by = torch.tensor(1.0)  # the divisor as a tensor, for addcdiv (_divisor_tensor)
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name=f"ddp-shm-allreduce-{rank}", daemon=True)
         self._thread.start()
@@ -237,15 +240,24 @@ class SharedMemoryAllReduce:
         generation = self._generation = self._generation + 1
         slots = [slot[:count * wire_dtype.itemsize].view(wire_dtype) for slot in self._slots]
         mine = slots[self.rank]
+        low, high = self._chunk(count, self.rank, wire_dtype.itemsize)
+        mine_from_run = wire_dtype == run.dtype and run.dtype in _FUSED_DTYPES  # see _sum_with_my_share
         self._wait_for_all(DONE, generation - 1, "finish reading the previous round")
-        run.read_into(start, mine, divisor)  # divides and rounds to the wire dtype on the way in, in the same pass
+        # Divided and rounded to the wire dtype on the way in, in the same pass. Only the peers read my slot, and
+        # only their own chunks of it: my chunk goes in as its sum, unless it has to be read from the slot.
+        if mine_from_run:
+            run.read_into(start, mine[:low], divisor)
+            run.read_into(start + high, mine[high:], divisor)
+        else:
+            run.read_into(start, mine, divisor)
         self._publish(SHAPE, count * 64 + _DTYPE_CODES.get(wire_dtype, 0))
         self._publish(READY, generation)
         self._wait_for_all(READY, generation, "copy its gradients in")
         self._check_same_shape(wire_dtype, generation)
-        low, high = self._chunk(count, self.rank, wire_dtype.itemsize)
         if high > low:
-            summed = self._sum_my_chunk(run, start + low, [slot[low:high] for slot in slots])
+            addends = [slot[low:high] for slot in slots]
+            summed = (self._sum_with_my_share(run, start + low, addends, divisor) if mine_from_run
+                      else self._sum_my_chunk(run, start + low, addends))
             if check_finite and not _all_finite(summed):
                 self._nonfinite += 1
                 self._publish(NONFINITE, self._nonfinite)  # before REDUCED: a peer past it sees this count
@@ -334,6 +346,42 @@ class SharedMemoryAllReduce:
         if share is None:
             run.write_from(start, total)
         return total
+
+    def _sum_with_my_share(self, run: Scattered, start: int, addends: list[torch.Tensor], divisor: int) -> torch.Tensor:
+        """Sum my chunk over every rank into `run` from `start`, my own share read from `run` itself (divided on
+        the way: `addcdiv` adds `share / divisor`, rounded, to the peers' sum so far), and copy the sums into my
+        slot for the peers; return them.
+
+        Why: my share copied into my slot only to be read back by me is a pass over half of a 2-rank round for
+        nothing. The sums keep the rank order (the ranks before mine, mine, the ranks after) and each step's
+        rounding, so the bits are those of `_sum_my_chunk`: `addcdiv` rounds the quotient, then the sum (float32
+        and float64 only: a narrower dtype is computed wider and rounded once, other bits)."""
+        count, rank = addends[0].numel(), self.rank
+        before, after = addends[:rank], addends[rank + 1:]
+        if rank == 0:  # my share first: share + next == next + share, exactly
+            partial, after = after[0], after[1:]
+        elif rank == 1:
+            partial = before[0]
+        else:
+            partial = self._scratch_of(run.dtype, count)
+            torch.add(before[0], before[1], out=partial)
+            for addend in before[2:]:
+                partial.add_(addend)
+        divide_by = self._divisor_tensor(run.dtype, divisor)
+        for piece, offset in run.pieces(start, start + count):
+            stop = offset + piece.numel()
+            torch.addcdiv(partial[offset:stop], piece, divide_by, out=piece)  # elementwise: writing an input is safe
+            for addend in after:
+                piece.add_(addend[offset:stop])
+        mine = addends[rank]
+        run.read_into(start, mine)
+        return mine
+
+    def _divisor_tensor(self, dtype: torch.dtype, divisor: int) -> torch.Tensor:
+        """`divisor` as a 0-dim tensor of `dtype` (what `addcdiv` divides by), kept between rounds."""
+        if self._divide_by.dtype != dtype or int(self._divide_by) != divisor:
+            self._divide_by = torch.tensor(float(divisor), dtype=dtype)
+        return self._divide_by
 
     def _scratch_of(self, dtype: torch.dtype, count: int) -> torch.Tensor:
         """`count` elements of private memory in `dtype`, kept between rounds (a round is at most one slot)."""

@@ -145,6 +145,51 @@ def test_a_list_of_tensors_is_reduced_as_one_run_divided_on_the_way(tmp_path: Pa
         assert result == {"exact_as_one_tensor": True, "exact_as_gloo": True}
 
 
+def _special_contribution(rank: int, numel: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Values over the whole range, with subnormals, infinities and NaNs: where a fused divide-and-add could
+    round otherwise."""
+    values = _contribution(rank, numel, dtype, seed) * torch.exp(4 * _contribution(rank + 7, numel, dtype, seed))
+    tiny = torch.finfo(dtype).tiny
+    values[::11] *= tiny  # subnormal after the division
+    values[5::97] = float("inf") if rank % 2 else float("nan")
+    values[7::89] = torch.finfo(dtype).max
+    return values
+
+
+def _my_share_read_in_place(rank: int, world_size: int, directory: str) -> dict[str, bool]:
+    """Each rank's own chunk is summed straight from its tensors (divided on the way) rather than from its slot:
+    the means must be those of dividing every rank's values and adding them in rank order, on every rank, for
+    one tensor and for a list whose pieces straddle the rounds and the ranks' chunks."""
+    os.environ[shm_region.SHM_DIR_ENV] = directory
+    transport = shm.connect_shared_memory(None, transport="shared_memory", timeout=timedelta(seconds=30),
+                                          slot_bytes=SLOT)
+    assert transport is not None
+    exact = {}
+    for dtype in (torch.float32, torch.float64):
+        for shapes in ([(5000,)], [(1,), (17, 3), (1023,), (2, 1500), (5,), (4000,)]):
+            seeds = range(len(shapes))
+            pieces = [_special_contribution(rank, int(torch.tensor(shape).prod()), dtype, seed).view(shape)
+                      for seed, shape in zip(seeds, shapes)]
+            transport.all_reduce_async(pieces, divisor=world_size).wait()
+            expected = None
+            for peer in range(world_size):  # the definition: each rank's values divided, summed in rank order
+                share = torch.cat([_special_contribution(peer, int(torch.tensor(shape).prod()), dtype, seed)
+                                   for seed, shape in zip(seeds, shapes)]) / world_size
+                expected = share if expected is None else expected + share
+            ours = torch.cat([piece.reshape(-1) for piece in pieces])
+            bits = torch.int32 if dtype == torch.float32 else torch.int64
+            exact[f"{dtype}, {len(shapes)} tensors"] = torch.equal(ours.view(bits), expected.view(bits))
+    transport.close()
+    return exact
+
+
+@pytest.mark.parametrize("world_size", [2, 3, pytest.param(4, marks=pytest.mark.conformance)])
+def test_my_own_share_is_summed_from_the_tensors_with_the_bits_of_divide_then_add(world_size: int,
+                                                                                   tmp_path: Path) -> None:
+    for rank, result in enumerate(run_on_ranks(_my_share_read_in_place, world_size, str(tmp_path))):
+        assert all(result.values()), f"rank {rank}: {result}"
+
+
 def _count_nonfinite(rank: int, world_size: int, directory: str) -> list[int]:
     """The count of non-finite shares after each of five reductions, as this rank reads it."""
     os.environ[shm_region.SHM_DIR_ENV] = directory
