@@ -44,6 +44,8 @@ from benchmarks.contenders import ours, pl_ours, torch_ddp
 from benchmarks.probe import parse_args, throughput
 from benchmarks.run import RESULTS, STEPS
 from benchmarks.workloads import WORKLOADS
+from strategies.cpu_memory import keep_freed_memory
+from strategies.worker import cpu_threads_per_rank
 
 RANKS = 2
 _OURS_OPTIONS = {"comm_hook": str, "bucket_cap_mb": str, "transport": str, "zero_stage": str, "on_nonfinite": str,
@@ -73,9 +75,27 @@ def _torchrun_environment(rank: int, port: int) -> dict[str, str]:
             "TORCHELASTIC_RUN_ID": "loop_ab"}
 
 
+def settle_rank(rank: int, port: int) -> None:
+    """This process as a torchrun rank of the job, with its share of the cores in OMP_NUM_THREADS too (as
+    benchmarks.stages sets it): without it, Lightning's launcher would give the ranks their share at the first
+    pl_ours fit, so the fits before it ran at another thread count than every fit after it."""
+    threads = cpu_threads_per_rank(RANKS)  # each rank's share, as benchmarks.run's contenders take it
+    os.environ.update(_torchrun_environment(rank, port), OMP_NUM_THREADS=str(threads))
+    torch.set_num_threads(threads)
+
+
+def _join_the_job() -> None:
+    """The process group every fit runs in, made before the first fit, as torchrun's script or the hand-written
+    torch DDP would: torch DDP may come first, and both Trainers join a group that exists. The allocator is set
+    as our strategy sets it, so every fit, the first included, runs in the same tuned processes."""
+    keep_freed_memory()
+    dist.init_process_group("gloo", init_method="env://")
+    dist.barrier()  # gloo's init returns once this rank's connections are up, not its peer's
+
+
 def _rank(rank: int, port: int, options: argparse.Namespace, scratch: str) -> None:
-    os.environ.update(_torchrun_environment(rank, port))
-    torch.set_num_threads(1)
+    settle_rank(rank, port)
+    _join_the_job()
     warnings.simplefilter("ignore")  # as benchmarks.run's contenders run (PYTHONWARNINGS=ignore)
     for name in ("pytorch_lightning", "lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.WARNING)  # its banner on every fit of every round

@@ -4,6 +4,7 @@ rendering on synthetic results (every table, target and plot path, without runni
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -161,3 +162,35 @@ def test_loop_ab_names_a_contender_it_cannot_run(contenders: str, problem: str,
     assert raised.value.code == 2
     error = capsys.readouterr().err
     assert "--contenders" in error and problem in error
+
+
+@pytest.mark.timeout(240)
+def test_loop_ab_runs_torch_ddp_as_the_first_fit(tmp_path: Path) -> None:
+    """torch DDP first in round 0: it must find (not assume) the process group no Trainer has made yet."""
+    command = [sys.executable, "-m", "benchmarks.loop_ab", "--workload", "gpt_host", "--rounds", "1", "--warmup", "1",
+               "--steps", "1", "--contenders", "torch_ddp,ours", "--out", str(tmp_path)]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=230)
+    assert done.returncode == 0, done.stderr[-3000:]
+    samples = json.loads((tmp_path / "results.json").read_text())["samples_per_s"]
+    assert list(samples) == ["torch_ddp", "ours"] and all(len(rounds) == 1 for rounds in samples.values())
+
+
+def test_loop_ab_ranks_keep_one_thread_count_through_lightnings_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every fit of a round must run with the same threads. Lightning's launcher sets a rank's share of the cores
+    (and OMP_NUM_THREADS) unless OMP_NUM_THREADS is set: on a 16-core host, with the rank at 1 thread and no
+    OMP_NUM_THREADS, the fits after the first pl_ours ran at 8 threads and those before it at 1."""
+    from lightning_fabric.utilities.distributed import _set_num_threads_if_needed
+
+    from benchmarks import loop_ab
+
+    monkeypatch.setattr(os, "environ", {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"})
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    before = torch.get_num_threads()
+    try:
+        loop_ab.settle_rank(0, 12345)
+        settled = torch.get_num_threads()
+        _set_num_threads_if_needed(num_processes=loop_ab.RANKS)  # what pl_ours' launcher does under torchrun
+        assert torch.get_num_threads() == settled == 8  # each rank's share, as benchmarks.run's contenders take it
+        assert os.environ["OMP_NUM_THREADS"] == "8" and os.environ["WORLD_SIZE"] == "2"
+    finally:
+        torch.set_num_threads(before)
