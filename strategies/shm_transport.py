@@ -355,10 +355,12 @@ class SharedMemoryAllReduce:
         Why: my share copied into my slot only to be read back by me is a pass over half of a 2-rank round for
         nothing. The sums keep the rank order (the ranks before mine, mine, the ranks after) and each step's
         rounding, so the bits are those of `_sum_my_chunk`: `addcdiv` rounds the quotient, then the sum (float32
-        and float64 only: a narrower dtype is computed wider and rounded once, other bits)."""
+        and float64 only: a narrower dtype is computed wider and rounded once, other bits). One exception, NaN's
+        sign and payload: where rank 0's and rank 1's shares are both NaN, rank 0 adds them the other way round
+        and keeps its own NaN where `_sum_my_chunk` kept rank 1's (a NaN either way, the same on every rank)."""
         count, rank = addends[0].numel(), self.rank
         before, after = addends[:rank], addends[rank + 1:]
-        if rank == 0:  # my share first: share + next == next + share, exactly
+        if rank == 0:  # my share first: share + next == next + share, exactly (but which NaN, for two)
             partial, after = after[0], after[1:]
         elif rank == 1:
             partial = before[0]
