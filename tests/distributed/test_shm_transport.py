@@ -177,6 +177,7 @@ def _my_share_read_in_place(rank: int, world_size: int, directory: str) -> dict[
                 share = torch.cat([_special_contribution(peer, int(torch.tensor(shape).prod()), dtype, seed)
                                    for seed, shape in zip(seeds, shapes)]) / world_size
                 expected = share if expected is None else expected + share
+            assert expected is not None
             ours = torch.cat([piece.reshape(-1) for piece in pieces])
             bits = torch.int32 if dtype == torch.float32 else torch.int64
             nan = expected.isnan()  # which NaN two NaNs add to is the order's, not the values' (see the docstring)
