@@ -19,7 +19,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from strategies.reducer import GradReducer
-from tests.helpers.reducer_models import max_abs_diff
+from tests.helpers.reducer_models import max_abs_diff, reduced_backward
 from tests.helpers.spawn import run_on_ranks
 
 pytestmark = pytest.mark.timeout(120)
@@ -67,9 +67,7 @@ def _one_case(rank: int, world_size: int, reducer_options: dict[str, Any], chann
         for optimizer in optimizers:
             optimizer.zero_grad()
         loss = nn.functional.mse_loss(ours(x), y)
-        reducer.prepare_for_backward(loss)
-        loss.backward()
-        reducer.finish_backward()
+        reduced_backward(reducer, loss)
         nn.functional.mse_loss(ddp(x), y).backward()
         worst = max(worst, max_abs_diff([p.grad for p in ours.parameters()], [p.grad for p in ddp.parameters()]))
         kept &= all(param.grad.data_ptr() == made_by_autograd[name] for name, param in ours.named_parameters())

@@ -17,7 +17,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from strategies.reducer import GradReducer
-from tests.helpers.reducer_models import max_abs_diff
+from tests.helpers.reducer_models import max_abs_diff, reduced_backward
 from tests.helpers.spawn import run_on_ranks
 
 pytestmark = pytest.mark.timeout(120)
@@ -52,9 +52,7 @@ def _alias_case(rank: int, world_size: int) -> float:
         for model in (ours, reference):
             model.zero_grad()
         loss = (ours(x) ** 2).sum()
-        reducer.prepare_for_backward(loss)
-        loss.backward()
-        reducer.finish_backward()
+        reduced_backward(reducer, loss)
         (ddp(x) ** 2).sum().backward()
         worst = max(worst, max_abs_diff([p.grad for p in ours.parameters()], [p.grad for p in reference.parameters()]))
     reducer.remove()
@@ -79,9 +77,7 @@ def _tiny_fp16_case(rank: int, world_size: int, reducer_options: dict[str, Any])
     generator = torch.Generator().manual_seed(rank)
     x = torch.randn(8, 64, generator=generator)
     loss = ours(x).square().mean() * 1e-4
-    reducer.prepare_for_backward(loss)
-    loss.backward()
-    reducer.finish_backward()
+    reduced_backward(reducer, loss)
     (ddp(x).square().mean() * 1e-4).backward()
     worst = max_abs_diff([p.grad for p in ours.parameters()], [p.grad for p in reference.parameters()])
     reducer.remove()
@@ -125,9 +121,7 @@ def _mixed_case(rank: int, world_size: int, as_view: bool, set_to_none: bool) ->
             context = reducer.no_sync() if micro == 0 else contextlib.nullcontext()
             with context:
                 loss = (ours(x + micro) ** 2).mean()
-                reducer.prepare_for_backward(loss)
-                loss.backward()
-                reducer.finish_backward()
+                reduced_backward(reducer, loss)
             with ddp.no_sync() if micro == 0 else contextlib.nullcontext():
                 (ddp(x + micro) ** 2).mean().backward()
         worst = max(worst, max_abs_diff([p.grad for p in ours.parameters()], [p.grad for p in ddp.parameters()]))

@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from strategies.reducer import GradReducer
 from tests.helpers.reducer_models import MODELS, TinyNet, flat_params, global_batch, grads_or_zeros, \
-    identical_across_ranks, max_abs_diff, shard
+    identical_across_ranks, max_abs_diff, reduced_backward, shard
 from tests.helpers.spawn import run_on_ranks
 
 STEPS = 3
@@ -92,9 +92,7 @@ def _one_step(step: int, rank: int, world_size: int, case: Case, ours: nn.Module
         last = micro == case.micro_batches - 1
         with contextlib.nullcontext() if last else reducer.no_sync():
             loss = _loss(ours, xs, ys, case, rank)
-            reducer.prepare_for_backward(loss)
-            loss.backward()
-            reducer.finish_backward()
+            reduced_backward(reducer, loss)
         with contextlib.nullcontext() if last else ddp.no_sync():
             if case.silent_rank is None:  # torch DDP cannot take a backward that reaches no parameter
                 _loss(ddp, xs, ys, case, rank).backward()
@@ -221,9 +219,7 @@ def test_world_size_one_leaves_plain_gradients_unchanged() -> None:
         for model in (ours, plain):
             model.zero_grad()
         loss = nn.functional.mse_loss(ours(x), y)
-        reducer.prepare_for_backward(loss)
-        loss.backward()
-        reducer.finish_backward()
+        reduced_backward(reducer, loss)
         nn.functional.mse_loss(plain(x), y).backward()
         assert max_abs_diff(grads_or_zeros(ours), grads_or_zeros(plain)) == 0.0
     assert reducer.summary()["synced_steps"] == 2
@@ -305,9 +301,7 @@ def _used_after_all(rank: int, world_size: int, as_view: bool, set_to_none: bool
             loss = net(x).pow(2).sum()
             reference(x).pow(2).sum().backward()
             with reducer.no_sync() if micro_batch == 0 else contextlib.nullcontext():
-                reducer.prepare_for_backward(loss)
-                loss.backward()
-                reducer.finish_backward()
+                reduced_backward(reducer, loss)
         for param in reference.parameters():
             dist.all_reduce(param.grad)
             param.grad /= world_size

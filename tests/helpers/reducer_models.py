@@ -6,6 +6,8 @@ several layers, so even modest bucket caps produce more than one bucket.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -91,6 +93,13 @@ def flat_params(module: nn.Module) -> torch.Tensor:
 def grads_or_zeros(module: nn.Module) -> list[torch.Tensor]:
     """Gradients with None read as zeros (torch DDP leaves unused ones None)."""
     return [torch.zeros_like(p) if p.grad is None else p.grad.detach().clone() for p in module.parameters()]
+
+
+def reduced_backward(reducer: Any, loss: torch.Tensor) -> None:
+    """`loss.backward()` under a GradReducer's contract: `prepare_for_backward` before, `finish_backward` after."""
+    reducer.prepare_for_backward(loss)
+    loss.backward()
+    reducer.finish_backward()
 
 
 def max_abs_diff(left: list[torch.Tensor] | torch.Tensor, right: list[torch.Tensor] | torch.Tensor) -> float:

@@ -15,7 +15,7 @@ from strategies import DDPStrategy
 from strategies.autotune import BucketAutotuner, CapTuning, autotuner_for, distinct_candidates, first_pass_cap_mb, \
     reducer_summary
 from strategies.reducer import GradReducer
-from tests.helpers.reducer_models import global_batch, identical_across_ranks, flat_params, shard
+from tests.helpers.reducer_models import global_batch, identical_across_ranks, flat_params, reduced_backward, shard
 from tests.helpers.spawn import run_on_ranks
 
 KIB = 1024 / 2**20  # one KiB in MiB
@@ -91,9 +91,7 @@ def _auto(model: nn.Module, candidates_mb: list[float], measure_steps: int = 3,
 def _step(model: nn.Module, reducer: GradReducer, seed: int) -> None:
     x = torch.randn(8, 64, generator=torch.Generator().manual_seed(seed))
     loss = model(x).square().mean()
-    reducer.prepare_for_backward(loss)
-    loss.backward()
-    reducer.finish_backward()
+    reduced_backward(reducer, loss)
 
 
 def test_reducer_tries_each_distinct_cap_then_keeps_the_agreed_one() -> None:
